@@ -1,0 +1,127 @@
+"""The Python API: load a target and a drafter by name, generate text, stream it, compare.
+
+>>> from specdec import SpecDec
+>>> sd = SpecDec(target="smollm2-135m", drafter="prompt-lookup")          # doctest: +SKIP
+>>> out = sd.generate("Repeat: the quick brown fox", max_new_tokens=32)   # doctest: +SKIP
+>>> out.text, out.stats.alpha, out.stats.tau                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .backends import TransformersBackend
+from .config import SamplingParams, SpecConfig
+from .drafters import build_drafter
+from .engine import Generation, SpeculativeEngine
+from .errors import SpecdecError
+from .metrics import GenerationStats
+from .models import load_model
+
+
+@dataclass
+class Result:
+    text: str
+    token_ids: list[int]
+    prompt_ids: list[int]
+    stats: GenerationStats
+
+    @property
+    def finish_reason(self) -> str:
+        return self.stats.finish_reason
+
+    def to_dict(self) -> dict:
+        return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": len(self.prompt_ids),
+                "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
+
+
+class TextStream:
+    """Token ids in, newly completed text out; holds back a partial multi-byte character."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = 0
+
+    def push(self, ids: list[int]) -> str:
+        self.ids.extend(ids)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return ""
+        new, self.emitted = text[self.emitted :], len(text)
+        return new
+
+
+class SpecDec:
+    """A target model with a drafter, ready to generate.
+
+    target: a built-in name (smollm2-135m, gemma3-270m), a local directory or a hub id.
+    drafter: prompt-lookup, ngram (draft = table file), model (draft = model name), none.
+    """
+
+    def __init__(self, target: str = "smollm2-135m", drafter: str = "prompt-lookup", draft: str | None = None,
+                 dtype: str = "auto", device: str = "cpu"):
+        self.target = load_model(target, dtype, device)
+        self.drafter = build_drafter(drafter, draft, self.target, dtype, device)
+        self.engine = SpeculativeEngine(TransformersBackend(self.target.model), self.drafter, self.target.eos_token_ids)
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def encode(self, prompt: str | list[dict], chat: bool | None = None) -> list[int]:
+        """Text (or chat messages) -> prompt token ids. chat=None uses the chat template when the
+        tokenizer has one."""
+        if isinstance(prompt, str) and not prompt.strip():
+            raise SpecdecError("the prompt is empty: give some text to continue")
+        use_chat = self.target.has_chat_template if chat is None else chat
+        if use_chat and not self.target.has_chat_template:
+            raise SpecdecError(f"{self.target.name!r} has no chat template: use --no-chat (plain completion)")
+        if isinstance(prompt, list):
+            if not prompt:
+                raise SpecdecError("messages are empty: give at least one message")
+            if not use_chat:
+                raise SpecdecError("chat messages need a model with a chat template")
+            messages = prompt
+        elif use_chat:
+            messages = [{"role": "user", "content": prompt}]
+        else:
+            return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+    def start(self, prompt: str | list[dict] | list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
+              top_k: int = 0, top_p: float = 1.0, seed: int | None = None, gamma: int | str = "auto",
+              chat: bool | None = None) -> tuple[list[int], Generation]:
+        """Prompt ids and a Generation to iterate (the streaming entry point)."""
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            prompt_ids = list(prompt)
+        else:
+            prompt_ids = self.encode(prompt, chat)
+        with torch.inference_mode():
+            return prompt_ids, self.engine.generate(prompt_ids, sampling, spec)
+
+    def stream(self, prompt, **kwargs) -> Iterator[str]:
+        """Yield text pieces as tokens are accepted."""
+        _, run = self.start(prompt, **kwargs)
+        text = TextStream(self.tokenizer)
+        with torch.inference_mode():
+            for chunk in run:
+                piece = text.push(chunk)
+                if piece:
+                    yield piece
+
+    def generate(self, prompt, **kwargs) -> Result:
+        prompt_ids, run = self.start(prompt, **kwargs)
+        with torch.inference_mode():
+            run.run()
+        return self.result(prompt_ids, run)
+
+    def result(self, prompt_ids: list[int], run: Generation) -> Result:
+        text = self.tokenizer.decode(run.tokens, skip_special_tokens=True)
+        return Result(text=text, token_ids=list(run.tokens), prompt_ids=prompt_ids, stats=run.stats)

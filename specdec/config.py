@@ -1,0 +1,84 @@
+"""Frozen settings for one generation: how to sample, and how to speculate.
+
+Both are validated when built, so a bad value fails before any model work starts:
+
+>>> SamplingParams(temperature=0.7, top_p=0.9).greedy
+False
+>>> SpecConfig(gamma="auto").gamma
+'auto'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import SpecdecError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are drawn. Applied identically to the target p and the draft q, so speculative
+    output follows exactly the target's *warped* distribution."""
+
+    temperature: float = 0.0
+    """0 means greedy (argmax, its own exact path); > 0 divides the logits before the softmax."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 keeps all."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p; in (0, 1]."""
+    seed: int | None = None
+    """Seed of the request's own torch.Generator; None draws a fresh one."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
+            raise SpecdecError(f"temperature must be a number >= 0 (0 = greedy), got {self.temperature!r}")
+        if math.isinf(self.temperature):
+            raise SpecdecError("temperature must be finite")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise SpecdecError(f"top-k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise SpecdecError(f"top-p must be in (0, 1], got {self.top_p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How much to speculate and when to stop."""
+
+    gamma: int | str = "auto"
+    """Draft tokens per round: an integer >= 0 (0 = plain decoding) or "auto" (chosen each round
+    from running estimates of alpha and c to maximise the paper's expected walltime improvement)."""
+    gamma_max: int = 16
+    """Upper bound for "auto" (in bf16 on this CPU scoring up to ~16 positions costs about one step)."""
+    max_new_tokens: int = 128
+    """Stop after this many generated tokens."""
+    stop_at_eos: bool = True
+    """Stop at the target's end-of-sequence token(s)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gamma, str):
+            if self.gamma != "auto":
+                raise SpecdecError(f"gamma must be an integer >= 0 or 'auto', got {self.gamma!r}")
+        elif not isinstance(self.gamma, int) or isinstance(self.gamma, bool) or self.gamma < 0:
+            raise SpecdecError(f"gamma must be an integer >= 0 or 'auto', got {self.gamma!r}")
+        if not isinstance(self.gamma_max, int) or self.gamma_max < 1:
+            raise SpecdecError(f"gamma-max must be an integer >= 1, got {self.gamma_max!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise SpecdecError(f"max-new-tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+
+    @staticmethod
+    def parse_gamma(text: str) -> int | str:
+        """'auto' or a non-negative integer, as typed on a command line."""
+        if text == "auto":
+            return "auto"
+        try:
+            value = int(text)
+        except ValueError:
+            raise SpecdecError(f"gamma must be an integer >= 0 or 'auto', got {text!r}") from None
+        if value < 0:
+            raise SpecdecError(f"gamma must be >= 0 (0 = plain decoding), got {value}")
+        return value

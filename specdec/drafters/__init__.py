@@ -1,0 +1,66 @@
+"""Drafters: one interface (base.Drafter), one file each, and `build_drafter` to pick one by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import SpecdecError
+from .base import Drafter, Proposal
+from .model import ModelDrafter
+from .ngram import NGramDrafter, NGramTable
+from .prompt_lookup import PromptLookupDrafter
+
+DRAFTER_KINDS = ("prompt-lookup", "ngram", "model", "none")
+
+__all__ = ["Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "NGramTable", "PromptLookupDrafter",
+           "DRAFTER_KINDS", "build_drafter", "check_same_tokenizer"]
+
+
+def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str, draft_name: str) -> None:
+    """The draft must mean the same string by every token id the target knows. Extra ids on either
+    side (padding, added specials past the shared range) are tolerated."""
+    target_vocab = {i: s for s, i in target_tokenizer.get_vocab().items()}
+    draft_vocab = {i: s for s, i in draft_tokenizer.get_vocab().items()}
+    shared = min(len(target_vocab), len(draft_vocab))
+    mismatched = [i for i in range(shared) if target_vocab.get(i) != draft_vocab.get(i)]
+    if mismatched:
+        i = mismatched[0]
+        raise SpecdecError(
+            f"the draft model {draft_name!r} uses another tokenizer than the target {target_name!r} "
+            f"({type(draft_tokenizer).__name__} with {len(draft_vocab)} tokens vs {type(target_tokenizer).__name__} "
+            f"with {len(target_vocab)}; {len(mismatched)} of the first {shared} ids differ, e.g. id {i}: "
+            f"{draft_vocab.get(i)!r} vs {target_vocab.get(i)!r}). Use a draft model from the target's family, "
+            "or a drafter that needs no model: prompt-lookup or ngram"
+        )
+
+
+def build_drafter(kind: str, draft: str | None, target, dtype="auto", device: str = "cpu") -> Drafter | None:
+    """A drafter by kind name. `target` is the LoadedModel it drafts for; `draft` is the draft
+    model (kind "model") or the n-gram table file (kind "ngram")."""
+    from ..backends import TransformersBackend
+    from ..models import load_model, tokenizer_fingerprint
+
+    if kind == "none":
+        return None
+    if kind == "prompt-lookup":
+        return PromptLookupDrafter()
+    if kind == "ngram":
+        if not draft:
+            raise SpecdecError("the ngram drafter needs a table: --draft FILE.npz (make one with `specdec ngram fit`)")
+        if not Path(draft).is_file():
+            raise SpecdecError(f"n-gram table {draft!r} does not exist (make one with `specdec ngram fit`)")
+        table = NGramTable.load(draft)
+        if table.tokenizer_id and table.tokenizer_id != tokenizer_fingerprint(target.tokenizer):
+            raise SpecdecError(
+                f"n-gram table {draft!r} was fitted for another tokenizer than {target.name!r}'s: "
+                f"refit it with `specdec ngram fit --target {target.name}`"
+            )
+        return NGramDrafter(table)
+    if kind == "model":
+        if not draft:
+            raise SpecdecError("the model drafter needs a draft model: --draft NAME_OR_DIR")
+        loaded = load_model(draft, dtype, device)
+        check_same_tokenizer(target.tokenizer, loaded.tokenizer, target.name, draft)
+        target_width = target.model.get_output_embeddings().weight.shape[0]
+        return ModelDrafter(TransformersBackend(loaded.model), target_width, label=Path(draft).name or draft)
+    raise SpecdecError(f"unknown drafter {kind!r}: use one of {', '.join(DRAFTER_KINDS)}")

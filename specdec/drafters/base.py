@@ -1,0 +1,46 @@
+"""The drafter interface: propose up to gamma tokens, then hear how many the target kept.
+
+Two calls, after transformers' CandidateGenerator: `propose` (with the distributions q the tokens
+were drawn from, or None for a deterministic drafter, whose q is a point mass) and `feedback`
+(the context the engine kept, so a drafter with state can roll back).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..config import SamplingParams
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor
+    """(k,) draft token ids, 0 <= k <= gamma (a drafter may have nothing to say)."""
+    q: torch.Tensor | None = None
+    """(k, V) the warped distributions the tokens were drawn from; None for a point-mass drafter
+    (and on the greedy path, where only the tokens matter)."""
+
+    @staticmethod
+    def empty() -> "Proposal":
+        return Proposal(tokens=torch.zeros(0, dtype=torch.long))
+
+
+class Drafter(ABC):
+    name: str
+    """Short name for stats and tables, e.g. "prompt-lookup"."""
+
+    def begin(self, prompt: torch.Tensor) -> None:
+        """A new sequence starts with this (P,) prompt. Stateful drafters prefill here."""
+
+    @abstractmethod
+    def propose(
+        self, context: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator
+    ) -> Proposal:
+        """Guess up to `gamma` tokens that follow the (L,) context, drawing with `generator`."""
+
+    def feedback(self, kept: int) -> None:
+        """The engine kept the first `kept` tokens of context + proposal (a new target token follows).
+        Stateful drafters roll back to at most that length."""

@@ -1,0 +1,143 @@
+"""The decode loop: propose -> score (one target pass) -> verify -> roll back -> record.
+
+Each round the target cache holds the context but its newest token. One target pass over
+[newest token, d1..dk] gives p at all k+1 positions; `verify` keeps n drafts and adds one token of
+the target's own; both caches roll back to the kept length. With no drafter or gamma = 0 every
+round is k = 0: plain autoregressive decoding through the very same code, the baseline every
+speedup is measured against.
+
+>>> # engine = SpeculativeEngine(TransformersBackend(model), PromptLookupDrafter(), eos_token_ids={2})
+>>> # run = engine.generate(prompt_ids, SamplingParams(temperature=0), SpecConfig(gamma="auto"))
+>>> # for chunk in run: print(chunk)          # token ids as they are accepted
+>>> # run.tokens, run.stats.alpha, run.stats.tau
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from .backends import Backend
+from .config import SamplingParams, SpecConfig
+from .drafters.base import Drafter, Proposal
+from .drafters.model import ModelDrafter
+from .errors import SpecdecError
+from .gamma import GammaPolicy
+from .metrics import GenerationStats
+from .sampling import new_generator, probs
+from .verify import verify, verify_greedy
+
+
+class Generation:
+    """One request in flight. Iterate it for lists of new token ids as rounds finish; afterwards
+    `tokens` holds the whole continuation and `stats` the measurements. Closing it early (or just
+    dropping it) stops the work."""
+
+    def __init__(self, rounds: Iterator[list[int]], stats: GenerationStats):
+        self._rounds = rounds
+        self.stats = stats
+        self.tokens: list[int] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for chunk in self._rounds:
+            self.tokens.extend(chunk)
+            yield chunk
+
+    def run(self) -> "Generation":
+        """Run to the end without streaming."""
+        for _ in self:
+            pass
+        return self
+
+    def close(self) -> None:
+        self._rounds.close()
+
+
+class SpeculativeEngine:
+    def __init__(self, target: Backend, drafter: Drafter | None = None, eos_token_ids: Iterable[int] = ()):
+        self.target = target
+        self.drafter = drafter
+        self.eos_token_ids = set(eos_token_ids)
+
+    def generate(
+        self,
+        prompt_ids: list[int] | torch.Tensor,
+        sampling: SamplingParams = SamplingParams(),
+        spec: SpecConfig = SpecConfig(),
+    ) -> Generation:
+        """Start generating after `prompt_ids`. Input is checked here, before any model work."""
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()
+        if prompt.numel() == 0:
+            raise SpecdecError("the prompt is empty: give at least one token of text")
+        limit = self.target.max_length
+        if limit is not None and prompt.numel() >= limit:
+            raise SpecdecError(
+                f"the prompt has {prompt.numel()} tokens but the model's context holds {limit}: "
+                "shorten the prompt to leave room for the answer"
+            )
+        if int(prompt.max()) >= self.target.vocab_size or int(prompt.min()) < 0:
+            raise SpecdecError(f"prompt token ids must be in [0, {self.target.vocab_size})")
+        drafter = self.drafter if spec.gamma != 0 else None
+        stats = GenerationStats(drafter=drafter.name if drafter else "none", path=self.target.path)
+        stats.prompt_tokens = prompt.numel()
+        return Generation(self._rounds(prompt, sampling, spec, drafter, stats), stats)
+
+    def _rounds(
+        self, prompt: torch.Tensor, sampling: SamplingParams, spec: SpecConfig, drafter: Drafter | None,
+        stats: GenerationStats,
+    ) -> Iterator[list[int]]:
+        target, generator = self.target, new_generator(sampling.seed)
+        budget = spec.max_new_tokens
+        if target.max_length is not None:
+            budget = min(budget, target.max_length - prompt.numel())
+        context = torch.empty(prompt.numel() + budget, dtype=torch.long)  # prompt + generated tokens
+        context[: prompt.numel()] = prompt
+        length = prompt.numel()
+        policy = GammaPolicy(spec, prior_c=0.1 if isinstance(drafter, ModelDrafter) else 0.0)
+
+        start = time.perf_counter()
+        target.reset()
+        if length > 1:
+            target.forward(prompt[:-1])
+        if drafter is not None:
+            drafter.begin(prompt)
+        stats.prefill_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        stats.finish_reason = "length"
+        while length < prompt.numel() + budget:
+            remaining = prompt.numel() + budget - length
+            gamma = policy.next(remaining - 1) if drafter is not None else 0
+            t0 = time.perf_counter()
+            proposal = drafter.propose(context[:length], gamma, sampling, generator) if gamma else Proposal.empty()
+            t1 = time.perf_counter()
+            draft = proposal.tokens  # (k,)
+            logits = target.forward(torch.cat([context[length - 1 : length], draft]))  # (k+1, V)
+            if sampling.greedy:
+                verdict = verify_greedy(logits.argmax(dim=-1), draft)
+            else:
+                verdict = verify(probs(logits, sampling), proposal.q, draft, generator)
+            n = verdict.accepted
+            target.rollback(length + n)  # keeps the context and the n accepted drafts
+            if drafter is not None:
+                drafter.feedback(length + n)
+            t2 = time.perf_counter()
+            stats.draft_seconds += t1 - t0
+            stats.target_seconds += t2 - t1
+            beta = verdict.beta
+            stats.record_round(draft.numel(), n, None if beta is None else float(beta.sum()), 0 if beta is None else beta.numel())
+            policy.observe(draft.numel(), n, t1 - t0, t2 - t1)
+
+            new = draft[:n].tolist() + [verdict.token]
+            stop = next((i for i, t in enumerate(new) if t in self.eos_token_ids), None) if spec.stop_at_eos else None
+            if stop is not None:
+                new = new[: stop + 1]
+            context[length : length + len(new)] = torch.tensor(new)
+            length += len(new)
+            stats.new_tokens = length - prompt.numel()
+            stats.decode_seconds = time.perf_counter() - start
+            yield new
+            if stop is not None:
+                stats.finish_reason = "stop"
+                break

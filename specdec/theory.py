@@ -1,0 +1,35 @@
+"""The paper's formulas (Leviathan et al. 2023, section 3). alpha: expected acceptance rate;
+gamma: draft tokens per round; c: cost of one draft step over one target step.
+
+Table 1's first row, alpha=0.6, gamma=2, c=0:
+>>> round(walltime_improvement(0.6, 2, 0.0), 2), round(arithmetic_factor(0.6, 2, 0.0), 2)
+(1.96, 1.53)
+"""
+
+from __future__ import annotations
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """E[tokens per target call] = (1 - alpha^(gamma+1)) / (1 - alpha), bonus token included (eq. 1)."""
+    if alpha >= 1.0:
+        return gamma + 1.0
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def walltime_improvement(alpha: float, gamma: int, c: float, verify_cost: float = 1.0) -> float:
+    """Theorem 3.8: (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)).
+
+    `verify_cost` generalises the paper's assumption that scoring gamma+1 positions costs one target
+    step: it is that cost in target steps (1.0 reproduces the paper)."""
+    return expected_tokens(alpha, gamma) / (gamma * c + verify_cost)
+
+
+def optimal_gamma(alpha: float, c: float, gamma_max: int = 16, verify_cost=lambda gamma: 1.0) -> int:
+    """The gamma in 0..gamma_max that maximises the expected walltime improvement (0 = don't speculate)."""
+    return max(range(gamma_max + 1), key=lambda g: (walltime_improvement(alpha, g, c, verify_cost(g)), -g))
+
+
+def arithmetic_factor(alpha: float, gamma: int, c_hat: float) -> float:
+    """Theorem 3.11: the factor by which total arithmetic grows,
+    (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)); c_hat = draft/target FLOPs per token."""
+    return (gamma * c_hat + gamma + 1) / expected_tokens(alpha, gamma)

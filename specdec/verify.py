@@ -1,0 +1,95 @@
+"""Rejection sampling: the paper's algorithm, stated once. p = target, q = draft.
+
+Leviathan, Kalman, Matias 2023 (Algorithm 1) and Chen et al. 2023. Given k draft tokens x_1..x_k,
+the distributions q_1..q_k they were drawn from, and the target's p_1..p_{k+1} from ONE batched
+target pass, walk the drafts in order:
+
+- accept x_i with probability min(1, p_i(x_i) / q_i(x_i))  (q_i(x_i) = 0 rejects);
+- at the first rejection, emit a token drawn from norm(max(0, p_i - q_i)), the *recovered* token;
+- if all k are accepted, emit a *bonus* token drawn from p_{k+1}.
+
+The emitted token then follows p exactly: mass q(x)·min(1, p(x)/q(x)) = min(p(x), q(x)) arrives
+through acceptance, and (1 - Σ min(p, q))·norm(max(0, p - q))(x) = max(0, p(x) - q(x)) through the
+residual; the two add up to p(x).
+
+A drafter that gives no distribution (n-gram table, prompt lookup) proposes a point mass: q is
+one-hot at x, so x is accepted with probability p(x) and the residual is p with x removed.
+
+Temperature 0 has its own exact path, `verify_greedy`: accept while the draft equals the target's
+argmax, then emit the target's argmax.
+
+Worked example: p_1 = [0.5, 0.3, 0.2], q_1 = [0.2, 0.7, 0.1], draft x_1 = 1. Acceptance is
+min(1, 0.3/0.7) = 3/7. On rejection the residual is max(0, p - q) = [0.3, 0, 0.1] -> [0.75, 0, 0.25].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import sample
+
+
+@dataclass
+class Verdict:
+    """What one round of verification decided."""
+
+    accepted: int
+    """n: the number of draft tokens accepted (0..k)."""
+    token: int
+    """The one token the target contributes: recovered (at the first rejection) or bonus (all accepted)."""
+    beta: torch.Tensor | None = None
+    """(n_tested,) Σ_x min(p(x), q(x)) at each position that was tested (the accepted ones and the
+    first rejected one); the paper's β, whose mean is α. None on the greedy path."""
+
+
+def point_mass(draft: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(k,) draft tokens -> (k, V) one-hot q: the distribution of a deterministic drafter."""
+    q = torch.zeros(draft.shape[0], vocab_size)
+    q[torch.arange(draft.shape[0]), draft] = 1.0
+    return q
+
+
+def acceptance_probability(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x)/q(x)) per position; 0 where q(x) = 0 (a token q could not have drawn is rejected).
+
+    p, q: (k, V); draft: (k,). Returns (k,)."""
+    rows = torch.arange(draft.shape[0])
+    p_x, q_x = p[rows, draft], q[rows, draft]  # (k,), (k,)
+    ratio = p_x / q_x.clamp_min(torch.finfo(q.dtype).tiny)
+    return torch.where(q_x > 0, ratio.clamp(max=1.0), torch.zeros_like(ratio))
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)) for (V,) rows; p itself if the residual has no mass (only when p = q up to
+    rounding, where a rejection cannot happen in exact arithmetic)."""
+    excess = (p - q).clamp_min(0.0)
+    total = excess.sum()
+    return excess / total if total > 0 else p
+
+
+def verify(p: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor, generator: torch.Generator) -> Verdict:
+    """Accept a prefix of the draft and emit one token, exactly from p.
+
+    p: (k+1, V) target probabilities; q: (k, V) draft probabilities, or None for a point-mass
+    drafter; draft: (k,) token ids. Uses k uniforms and one categorical draw from `generator`."""
+    k = draft.shape[0]
+    if q is None:
+        q = point_mass(draft, p.shape[-1])
+    accept = torch.rand(k, generator=generator) < acceptance_probability(p[:k], q, draft)  # (k,)
+    rejected = (~accept).nonzero()
+    n = int(rejected[0]) if rejected.numel() else k
+    dist = p[k] if n == k else residual(p[n], q[n])
+    tested = min(n + 1, k)
+    beta = torch.minimum(p[:tested], q[:tested]).sum(dim=-1)  # (tested,)
+    return Verdict(accepted=n, token=sample(dist, generator), beta=beta)
+
+
+def verify_greedy(target_argmax: torch.Tensor, draft: torch.Tensor) -> Verdict:
+    """Temperature 0: accept while draft[i] equals the target's argmax at i, then emit the target's
+    argmax at the first mismatch (or the bonus position). target_argmax: (k+1,); draft: (k,)."""
+    k = draft.shape[0]
+    mismatch = (target_argmax[:k] != draft).nonzero()
+    n = int(mismatch[0]) if mismatch.numel() else k
+    return Verdict(accepted=n, token=int(target_argmax[n]))
