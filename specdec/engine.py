@@ -98,9 +98,7 @@ class SpeculativeEngine:
         policy = GammaPolicy(spec, prior_c=0.1 if isinstance(drafter, ModelDrafter) else 0.0)
 
         start = time.perf_counter()
-        target.reset()
-        if length > 1:
-            target.forward(prompt[:-1])
+        target.prefill(prompt[:-1])  # reuses what the cache already holds of this prompt
         if drafter is not None:
             drafter.begin(prompt)
         stats.prefill_seconds = time.perf_counter() - start

@@ -12,39 +12,44 @@ class TransformersBackend(Backend):
     """Runs a `transformers` causal LM one sequence at a time.
 
     Rollback crops the cache (`DynamicCache.crop` with a negative count). Sliding-window layers
-    (Gemma-3) record their past so that a crop below the window is still exact."""
+    (Gemma-3) record their past, so a crop by up to the tokens of the last forward is exact; they
+    forget what lies further back, which `oldest_reachable` reports."""
 
     path = "transformers"
 
     def __init__(self, model: PreTrainedModel):
+        super().__init__()
         self.model = model.eval()
         self.device = model.device
         text_config = model.config.get_text_config()
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = getattr(text_config, "max_position_embeddings", None)
-        self.reset()
+        windows = [w for w in [getattr(text_config, "sliding_window", None)] if w] if any(
+            t == "sliding_attention" for t in getattr(text_config, "layer_types", None) or ()) else []
+        self.sliding_window = min(windows) if windows else None
+        self._reset()
 
-    @property
-    def length(self) -> int:
-        return self._length
-
-    def reset(self) -> None:
+    def _reset(self) -> None:
         self.cache = DynamicCache(config=self.model.config)
         self.cache.activate_past_recording()
-        self._length = 0
+        self._since_crop = 0  # tokens appended since the last crop: how far back a sliding window can go
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         n = ids.shape[0]
-        positions = torch.arange(self._length, self._length + n, device=self.device)[None]  # (1, n)
+        positions = torch.arange(start, start + n, device=self.device)[None]  # (1, n)
         out = self.model(
             input_ids=ids.to(self.device)[None], position_ids=positions, past_key_values=self.cache, use_cache=True
         )
-        self._length += n
+        self._since_crop += n
         return out.logits[0].float()  # (n, V)
 
-    def rollback(self, length: int) -> None:
-        if not 0 <= length <= self._length:
-            raise ValueError(f"cannot roll back to {length}: the cache holds {self._length} tokens")
-        self.cache.crop(length - self._length)
-        self._length = length
+    def _rollback(self, length: int) -> None:
+        if self.length:  # an empty cache has no layers to crop yet
+            self.cache.crop(length - self.length)
+        self._since_crop = 0
+
+    def oldest_reachable(self) -> int:
+        if self.sliding_window is None or self.length < self.sliding_window:
+            return 0
+        return self.length - self._since_crop

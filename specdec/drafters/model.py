@@ -37,9 +37,7 @@ class ModelDrafter(Drafter):
         return torch.cat([logits, pad], dim=-1)
 
     def begin(self, prompt: torch.Tensor) -> None:
-        self.backend.reset()
-        if prompt.shape[0] > 1:
-            self.backend.forward(prompt[:-1])
+        self.backend.prefill(prompt[:-1])
 
     def propose(
         self, context: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator
