@@ -46,12 +46,21 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128, help="default: %(default)s")
 
 
+def check_sampling_args(args: argparse.Namespace) -> None:
+    """Fail on bad sampling flags before any model is loaded."""
+    from .config import SamplingParams
+
+    SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    SpecConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens)
+
+
 def _generate(args: argparse.Namespace) -> int:
     from .api import SpecDec, TextStream
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not prompt.strip():
         raise SpecdecError("the prompt is empty: give some text, or '-' to read it from standard input")
+    check_sampling_args(args)
     sd = SpecDec(target=args.target, drafter=args.drafter, draft=args.draft, dtype=args.dtype, device=args.device)
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, chat=args.chat)

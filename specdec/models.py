@@ -154,6 +154,34 @@ class LoadedModel:
         return ids
 
 
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    """Whether the Hugging Face hub answers at all; without it transformers retries for a minute."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _from_pretrained(path: str, dtype: torch.dtype):
+    """Tokenizer and model from a directory, the hub cache, or (when it answers) the hub."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        return (AutoTokenizer.from_pretrained(path, local_files_only=True),
+                AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True))
+    except OSError:
+        if os.path.isdir(path) or not _hub_reachable():
+            raise
+    return AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
 def _describe_unknown(name: str, error: Exception) -> SpecdecError:
     builtins = ", ".join(BUILTIN_MODELS)
     return SpecdecError(
@@ -173,8 +201,6 @@ def _quiet_transformers() -> None:
 
 def load_model(name: str, dtype: str | torch.dtype = "auto", device: str = "cpu") -> LoadedModel:
     """Load a causal LM and its tokenizer by built-in name, local directory or hub id."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     _quiet_transformers()
     dev = torch.device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -182,8 +208,8 @@ def load_model(name: str, dtype: str | torch.dtype = "auto", device: str = "cpu"
     if os.path.sep in name and not os.path.isdir(name):
         raise SpecdecError(f"model directory {name!r} does not exist")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(dev)
+        tokenizer, model = _from_pretrained(path, torch_dtype)
+        model = model.to(dev)
     except (OSError, ValueError, KeyError) as exc:
         raise _describe_unknown(name, exc) from None
     model.eval()

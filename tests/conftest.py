@@ -10,6 +10,7 @@ import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no hub here: fail fast instead of retrying
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz .,\n")  # the tiny tokenizer's vocabulary: one id per character
 

@@ -1,0 +1,95 @@
+"""The command line: bad input gets a clear message and a non-zero exit, never a traceback."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from specdec.cli import main
+
+
+def run_cli(*args, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True,
+                          input=stdin, timeout=600)
+
+
+def assert_clean_error(proc, *needles):
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, proc.stderr
+
+
+def test_generate_tiny_model_json(tiny_dirs):
+    proc = run_cli("generate", "abc abc ab", "--target", str(tiny_dirs["target"]), "--no-chat", "--dtype", "float32",
+                   "--max-new-tokens", "12", "--gamma", "3", "--compare", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["identical"] is True
+    assert len(out["token_ids"]) <= 12
+    assert out["stats"]["drafter"] == "prompt-lookup"
+    assert out["baseline"]["stats"]["drafter"] == "none"
+    for field in ("alpha", "tau", "c", "target_calls", "drafted", "accepted", "acceptance_by_position", "predicted_speedup"):
+        assert field in out["stats"]
+
+
+def test_generate_with_draft_model_streams_text_and_summary(tiny_dirs):
+    proc = run_cli("generate", "the cat sat", "--target", str(tiny_dirs["target"]), "--drafter", "model",
+                   "--draft", str(tiny_dirs["draft"]), "--no-chat", "--dtype", "float32", "--max-new-tokens", "10",
+                   "--temperature", "0.8", "--seed", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "tokens in" in proc.stderr and "drafter model:draft" in proc.stderr
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["generate", ""], ["prompt is empty"]),
+    (["generate", "   "], ["prompt is empty"]),
+    (["generate", "hi", "--temperature", "-1"], ["temperature"]),
+    (["generate", "hi", "--top-p", "0"], ["top-p"]),
+    (["generate", "hi", "--top-p", "1.5"], ["top-p"]),
+    (["generate", "hi", "--target", "no-such-model-xyz"], ["cannot load model 'no-such-model-xyz'", "smollm2-135m"]),
+    (["generate", "hi", "--target", "/no/such/dir"], ["does not exist"]),
+    (["generate", "hi", "--drafter", "ngram"], ["--draft"]),
+    (["generate", "hi", "--dtype", "int3"], ["dtype"]),
+])
+def test_bad_input_is_a_clear_error(tiny_dirs, capsys, args, needles):
+    """In process (an escaping exception fails the test): exit code 1 and a message naming the problem."""
+    if "--target" not in args:
+        args = args + ["--target", str(tiny_dirs["target"]), "--no-chat"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("specdec: error: ")
+    for needle in needles:
+        assert needle in err
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["generate", "abcdefgh " * 20, "--target", "{short}", "--no-chat"], ["context holds 64"]),
+    (["generate", "abc", "--target", "{target}", "--no-chat", "--drafter", "model", "--draft", "{alien}"],
+     ["another tokenizer", "alien"]),
+    (["generate", "abc", "--target", "{target}", "--chat"], ["no chat template"]),
+])
+def test_bad_setup_is_a_clear_error(tiny_dirs, capsys, args, needles):
+    assert main([a.format(**tiny_dirs) for a in args]) == 1
+    err = capsys.readouterr().err
+    for needle in needles:
+        assert needle in err
+
+
+def test_unknown_model_from_a_real_process_has_no_traceback():
+    assert_clean_error(run_cli("generate", "hi", "--target", "no-such-model-xyz"), "cannot load model")
+
+
+def test_bad_flag_value_is_an_argparse_error():
+    proc = run_cli("generate", "hi", "--gamma", "lots")
+    assert_clean_error(proc, "gamma")
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize("value", ["-2", "1.5"])
+def test_negative_gamma_is_refused(capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        main(["generate", "hi", "--gamma", value])
+    assert exc.value.code == 2
+    assert "gamma" in capsys.readouterr().err
