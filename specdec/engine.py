@@ -123,8 +123,7 @@ class SpeculativeEngine:
             t2 = time.perf_counter()
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
-            beta = verdict.beta
-            stats.record_round(draft.numel(), n, None if beta is None else float(beta.sum()), 0 if beta is None else beta.numel())
+            stats.record_round(draft.numel(), n, verdict.beta)
             policy.observe(draft.numel(), n, t1 - t0, t2 - t1)
 
             new = draft[:n].tolist() + [verdict.token]

@@ -27,6 +27,8 @@ class GenerationStats:
     accepted: int = 0
     rejections: int = 0
     beta_sum: float = 0.0
+    beta_sq_sum: float = 0.0
+    """Σ β², so Σ β(1 - β), the variance of the accepted count given the βs, can be formed."""
     beta_count: int = 0
     position_tested: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
@@ -36,8 +38,9 @@ class GenerationStats:
     decode_seconds: float = 0.0
     finish_reason: str = ""
 
-    def record_round(self, drafted: int, accepted: int, beta_sum: float | None, beta_count: int) -> None:
-        """One round: `drafted` tokens proposed, the first `accepted` of them kept."""
+    def record_round(self, drafted: int, accepted: int, beta=None) -> None:
+        """One round: `drafted` tokens proposed, the first `accepted` of them kept; `beta` is the
+        verifier's (tested,) Σ min(p, q) per tested position, or None on the greedy path."""
         self.target_calls += 1
         if drafted == 0:
             return
@@ -45,9 +48,10 @@ class GenerationStats:
         self.drafted += drafted
         self.accepted += accepted
         self.rejections += accepted < drafted
-        if beta_sum is not None:
-            self.beta_sum += beta_sum
-            self.beta_count += beta_count
+        if beta is not None:
+            self.beta_sum += float(beta.sum())
+            self.beta_sq_sum += float((beta * beta).sum())
+            self.beta_count += beta.numel()
         tested = min(accepted + 1, drafted)
         while len(self.position_tested) < tested:
             self.position_tested.append(0)

@@ -1,0 +1,81 @@
+"""`specdec bench`: flags -> BenchConfig, a progress bar, then rows.jsonl, table.md and plots."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..config import SpecConfig
+from ..errors import SpecdecError
+from .prompts import TASKS
+
+
+def _list(text: str, cast=str) -> list:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("give a comma-separated list")
+    try:
+        return [cast(t) for t in items]
+    except (ValueError, SpecdecError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .report import markdown_table, plot
+    from .runner import BenchConfig, run_bench, write_rows
+
+    for task in args.tasks:
+        if task not in TASKS:
+            raise SpecdecError(f"unknown task {task!r}: use {', '.join(TASKS)}")
+    for t in args.temperatures:
+        if t < 0:
+            raise SpecdecError(f"temperatures must be >= 0, got {t}")
+    config = BenchConfig(target=args.target, drafters=args.drafter or ["prompt-lookup"], tasks=args.tasks,
+                         temperatures=args.temperatures, gammas=args.gammas, prompts_per_task=args.prompts_per_task,
+                         prompts_file=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                         dtype=args.dtype, peers=not args.no_peers)
+    if args.quick:
+        config.tasks = [t for t in config.tasks if t in ("translate", "code")] or config.tasks[:1]
+        config.prompts_per_task, config.temperatures = 1, [0.0]
+        config.gammas, config.max_new_tokens = [2, "auto"], min(config.max_new_tokens, 32)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=1, desc="bench", file=sys.stderr, dynamic_ncols=True)
+
+    def progress(done: int, total: int, what: str) -> None:
+        bar.total = total
+        bar.n = done
+        bar.set_postfix_str(what, refresh=False)
+        bar.refresh()
+
+    rows = run_bench(config, progress)
+    bar.close()
+    write_rows(rows, out / "rows.jsonl")
+    table = markdown_table(rows)
+    (out / "table.md").write_text(table)
+    plots = plot(rows, out)
+    print(table)
+    print(f"wrote {out / 'rows.jsonl'}, {out / 'table.md'}, " + ", ".join(str(p) for p in plots), file=sys.stderr)
+    return 0
+
+
+def register(sub) -> None:
+    bench = sub.add_parser("bench", help="reproduce the paper's experiments on this machine, with peers")
+    bench.add_argument("--target", default="smollm2-135m")
+    bench.add_argument("--drafter", action="append", default=[],
+                       help="prompt-lookup, ngram:FILE or model:NAME_OR_DIR; repeatable (default: prompt-lookup)")
+    bench.add_argument("--tasks", type=_list, default=list(TASKS), help="comma-separated (default: all)")
+    bench.add_argument("--temperatures", type=lambda t: _list(t, float), default=[0.0, 1.0])
+    bench.add_argument("--gammas", type=lambda t: _list(t, SpecConfig.parse_gamma), default=[1, 2, 4, 8, "auto"])
+    bench.add_argument("--prompts-per-task", type=int, default=3)
+    bench.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="your own prompts instead of the task sets")
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--dtype", default="auto")
+    bench.add_argument("--no-peers", action="store_true", help="skip transformers' generate() rows")
+    bench.add_argument("--quick", action="store_true", help="a small run CI can afford")
+    bench.add_argument("--out", default="bench-out", help="output directory (default: %(default)s)")
+    bench.set_defaults(handler=_run)

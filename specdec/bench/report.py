@@ -1,0 +1,83 @@
+"""Bench output: a Markdown table shaped like the paper's Table 2, and PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import theory
+
+
+def _f(x, spec=".2f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """Task, method (drafter), T, γ, α, τ, c, verify cost, measured speedup (median, min–max),
+    Theorem 3.8's prediction, tok/s, identical greedy outputs, peak memory."""
+    head = ("| task | method | T | γ | α | τ | c | verify cost | speedup (median, min–max) | predicted (Thm 3.8) "
+            "| predicted w/ verify cost | tok/s | identical@T=0 | peak RSS MB |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        s = r["speedup"]
+        ident = f"{r['identical_to_plain']}/{r['prompts']}" if "identical_to_plain" in r else "–"
+        lines.append(
+            f"| {r['task']} | {r['method']} | {r['temperature']:g} | {r['gamma'] if r['gamma'] != 'None' else '–'} "
+            f"| {_f(r.get('alpha'))} | {_f(r.get('tau'))} | {_f(r.get('c'), '.3f')} | {_f(r.get('verify_cost'))} "
+            f"| {_f(s['median'])}× ({_f(s['min'])}–{_f(s['max'])}) | {_f(r.get('predicted_speedup'))}× "
+            f"| {_f(r.get('predicted_speedup_measured_cost'))}× | {_f(r['tokens_per_s'], '.1f')} | {ident} "
+            f"| {r['peak_rss_mb']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], out_dir: Path) -> list[Path]:
+    """speedup_vs_gamma.png (per drafter, task and T, with the Theorem 3.8 curve through the
+    measured α and c) and alpha.png (α per task and temperature, per drafter)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    spec_rows = [r for r in rows if r.get("alpha") is not None]
+    series: dict[tuple, list[dict]] = {}
+    for r in spec_rows:
+        series.setdefault((r["method"], r["task"], r["temperature"]), []).append(r)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, ((method, task, temperature), items) in enumerate(sorted(series.items())):
+        color = plt.cm.tab10(i % 10)
+        fixed = sorted((int(r["gamma"]), r) for r in items if r["gamma"].isdigit())
+        if fixed:
+            ax.plot([g for g, _ in fixed], [r["speedup"]["median"] for _, r in fixed], "o-", color=color,
+                    label=f"{method} {task} T={temperature:g}")
+            alphas = [r["alpha"] for _, r in fixed]
+            cs = [r["c"] or 0.0 for _, r in fixed]
+            alpha, c = sum(alphas) / len(alphas), sum(cs) / len(cs)
+            grid = list(range(1, max(g for g, _ in fixed) + 1))
+            ax.plot(grid, [theory.walltime_improvement(alpha, g, c) for g in grid], "--", color=color, alpha=0.6)
+        for r in items:
+            if r["gamma"] == "auto" and r.get("mean_gamma"):
+                ax.plot([r["mean_gamma"]], [r["speedup"]["median"]], "*", markersize=12, color=color)
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xlabel("γ (draft tokens per round; ★ = auto at its mean γ)")
+    ax.set_ylabel("speedup over plain decoding (median over prompts)")
+    ax.set_title("Measured speedup (solid) vs Theorem 3.8 at measured α, c (dashed)")
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    paths.append(out_dir / "speedup_vs_gamma.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bars = sorted({(r["method"], r["task"], r["temperature"]): r["alpha"] for r in spec_rows if r["gamma"] == "auto"
+                   or not any(x["gamma"] == "auto" for x in spec_rows)}.items())
+    labels = [f"{m}\n{t} T={temp:g}" for (m, t, temp), _ in bars]
+    ax.bar(range(len(bars)), [a for _, a in bars], color=[plt.cm.tab10(0 if k[2] == 0 else 1) for k, _ in bars])
+    ax.set_xticks(range(len(bars)), labels, fontsize=7, rotation=45, ha="right")
+    ax.set_ylabel("α (accepted / (accepted + rejections))")
+    ax.set_ylim(0, 1)
+    ax.set_title("Acceptance rate per task, drafter and temperature")
+    fig.tight_layout()
+    paths.append(out_dir / "alpha.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths

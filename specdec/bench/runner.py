@@ -1,0 +1,176 @@
+"""The benchmark run: task x drafter x temperature x gamma, against plain decoding on the same
+prompts with the same seeds, in an order shuffled per prompt so machine drift hits every method
+alike. One row per (task, drafter, temperature, gamma); per-prompt speedups give the median and the
+spread."""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import theory
+from ..backends import TransformersBackend
+from ..config import SamplingParams, SpecConfig
+from ..drafters import build_drafter
+from ..engine import SpeculativeEngine
+from ..errors import SpecdecError
+from ..models import load_model
+from .peers import hf_generate
+from .prompts import TASKS, Prompt, load_prompts_file, task_prompts
+
+
+@dataclass
+class BenchConfig:
+    target: str = "smollm2-135m"
+    drafters: list[str] = field(default_factory=lambda: ["prompt-lookup"])
+    """Drafter specs: prompt-lookup, ngram:FILE, model:NAME_OR_DIR."""
+    tasks: list[str] = field(default_factory=lambda: list(TASKS))
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 1.0])
+    gammas: list = field(default_factory=lambda: [1, 2, 4, 8, "auto"])
+    prompts_per_task: int = 3
+    prompts_file: str | None = None
+    max_new_tokens: int = 128
+    seed: int = 0
+    dtype: str = "auto"
+    peers: bool = True
+
+
+def parse_drafter(spec: str) -> tuple[str, str | None]:
+    kind, _, arg = spec.partition(":")
+    return kind, (arg or None)
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _summary(values: list[float]) -> dict:
+    if not values:
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def collect_prompts(config: BenchConfig) -> list[Prompt]:
+    if config.prompts_file:
+        return load_prompts_file(config.prompts_file)
+    return [p for task in config.tasks for p in task_prompts(task, config.prompts_per_task, config.seed)]
+
+
+def run_bench(config: BenchConfig, progress=None) -> list[dict]:
+    """Run everything; returns rows (also the input of the table and plots)."""
+    target = load_model(config.target, config.dtype)
+    backend = TransformersBackend(target.model)
+    eos = target.eos_token_ids
+    plain_engine = SpeculativeEngine(backend, None, eos)
+    engines = {}
+    for spec in config.drafters:
+        kind, arg = parse_drafter(spec)
+        drafter = build_drafter(kind, arg, target, config.dtype)
+        engines[spec] = (SpeculativeEngine(backend, drafter, eos), drafter, kind, arg)
+    prompts = collect_prompts(config)
+    use_chat = target.has_chat_template
+
+    def encode(text: str) -> list[int]:
+        if use_chat:
+            return list(target.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                             add_generation_prompt=True, tokenize=True, return_dict=False))
+        return target.tokenizer(text)["input_ids"]
+
+    # Warm-up: thread pools and allocator, so the first measured run is not penalised.
+    plain_engine.generate(encode("Hello"), SamplingParams(), SpecConfig(gamma=0, max_new_tokens=4)).run()
+
+    methods = [("plain", None, 0)] + [(spec, spec, g) for spec in config.drafters for g in config.gammas]
+    if config.peers:
+        methods += [("hf-generate", "hf", None), ("hf-prompt-lookup", "hf-pl", None)]
+        methods += [(f"hf-assisted:{spec}", f"hf-assist:{spec}", None) for spec in config.drafters
+                    if parse_drafter(spec)[0] == "model"]
+    runs: list[dict] = []
+    total = len(prompts) * len(config.temperatures) * len(methods)
+    for p_index, prompt in enumerate(prompts):
+        ids = encode(prompt.text)
+        for temperature in config.temperatures:
+            sampling = SamplingParams(temperature=temperature, seed=config.seed * 100003 + p_index)
+            order = list(methods)
+            random.Random(f"{config.seed}:{p_index}:{temperature}").shuffle(order)
+            for name, key, gamma in order:
+                runs.append(_run_one(name, key, gamma, prompt, p_index, ids, sampling, config, plain_engine, engines, target, eos))
+                if progress:
+                    progress(len(runs), total, f"{prompt.task} T={temperature} {name} γ={gamma}")
+    return aggregate(runs, config)
+
+
+def _run_one(name, key, gamma, prompt, p_index, ids, sampling, config, plain_engine, engines, target, eos) -> dict:
+    base = {"method": name, "task": prompt.task, "prompt_index": p_index, "temperature": sampling.temperature,
+            "gamma": gamma, "seed": sampling.seed, "started": time.time()}
+    if key is None or key in engines:
+        engine = plain_engine if key is None else engines[key][0]
+        run = engine.generate(ids, sampling, SpecConfig(gamma=gamma, max_new_tokens=config.max_new_tokens)).run()
+        s = run.stats
+        return {**base, "tokens": run.tokens, "seconds": s.decode_seconds, "tps": s.tokens_per_second,
+                "target_calls": s.target_calls, "drafted": s.drafted, "accepted": s.accepted, "rejections": s.rejections,
+                "beta_sum": s.beta_sum, "beta_count": s.beta_count, "draft_seconds": s.draft_seconds,
+                "target_seconds": s.target_seconds, "rounds_with_draft": s.rounds_with_draft,
+                "peak_rss_mb": _peak_rss_mb()}
+    extra = {}
+    if key == "hf-pl":
+        extra = {"prompt_lookup_num_tokens": 10}
+    elif key.startswith("hf-assist:"):
+        extra = {"assistant_model": engines[key.removeprefix("hf-assist:")][1].backend.model}
+    tokens, seconds = hf_generate(target.model, ids, sampling, config.max_new_tokens, eos, **extra)
+    return {**base, "tokens": tokens, "seconds": seconds, "tps": len(tokens) / seconds if seconds else None,
+            "peak_rss_mb": _peak_rss_mb()}
+
+
+def aggregate(runs: list[dict], config: BenchConfig) -> list[dict]:
+    """Rows per (task, method, temperature, gamma), speedups taken per prompt against plain."""
+    plain = {(r["task"], r["prompt_index"], r["temperature"]): r for r in runs if r["method"] == "plain"}
+    groups: dict[tuple, list[dict]] = {}
+    for r in runs:
+        groups.setdefault((r["task"], r["method"], r["temperature"], str(r["gamma"])), []).append(r)
+    rows = []
+    for (task, method, temperature, gamma), items in groups.items():
+        base = [plain[(r["task"], r["prompt_index"], r["temperature"])] for r in items]
+        speedups = [r["tps"] / b["tps"] for r, b in zip(items, base) if r["tps"] and b["tps"]]
+        row = {"task": task, "method": method, "temperature": temperature, "gamma": gamma, "prompts": len(items),
+               "tokens_per_s": statistics.median([r["tps"] for r in items if r["tps"]] or [0.0]),
+               "speedup": _summary(speedups), "peak_rss_mb": max(r["peak_rss_mb"] for r in items),
+               "new_tokens": sum(len(r["tokens"]) for r in items)}
+        if temperature == 0:
+            row["identical_to_plain"] = sum(r["tokens"] == b["tokens"] for r, b in zip(items, base))
+        if "drafted" in items[0] and method != "plain":
+            drafted = sum(r["drafted"] for r in items)
+            accepted = sum(r["accepted"] for r in items)
+            tested = accepted + sum(r["rejections"] for r in items)
+            calls = sum(r["target_calls"] for r in items)
+            rounds = sum(r["rounds_with_draft"] for r in items)
+            beta_count = sum(r["beta_count"] for r in items)
+            target_step = sum(r["target_seconds"] for r in items) / calls
+            plain_step = sum(b["target_seconds"] for b in base) / sum(b["target_calls"] for b in base)
+            alpha = accepted / tested if tested else None
+            c = (sum(r["draft_seconds"] for r in items) / drafted) / target_step if drafted else None
+            mean_gamma = drafted / rounds if rounds else None
+            row.update({
+                "alpha": alpha, "beta": sum(r["beta_sum"] for r in items) / beta_count if beta_count else None,
+                "tau": sum(len(r["tokens"]) for r in items) / calls, "c": c, "mean_gamma": mean_gamma,
+                "verify_cost": target_step / plain_step,
+                "predicted_speedup": theory.walltime_improvement(alpha, round(mean_gamma), c)
+                if alpha is not None and mean_gamma else None,
+                "predicted_speedup_measured_cost": theory.walltime_improvement(
+                    alpha, round(mean_gamma), c, target_step / plain_step) if alpha is not None and mean_gamma else None,
+            })
+        rows.append(row)
+    rows.sort(key=lambda r: (r["task"], r["temperature"], r["method"] != "plain", r["method"], str(r["gamma"])))
+    return rows
+
+
+def write_rows(rows: list[dict], path: Path) -> None:
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")

@@ -1,0 +1,80 @@
+"""`specdec bench --quick` on a tiny random model: rows, table and plots; seeding and interleaving."""
+
+import json
+
+import pytest
+
+from specdec.bench import runner
+from specdec.bench.prompts import TASKS, load_prompts_file, task_prompts
+from specdec.cli import main
+from specdec.errors import SpecdecError
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"task": "custom", "prompt": "abc abc abc ab"}\n{"prompt": "the cat the cat the"}\n')
+    return path
+
+
+def test_bench_quick_writes_rows_table_and_plots(tiny_dirs, prompts_file, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["bench", "--quick", "--target", str(tiny_dirs["target"]), "--drafter", "prompt-lookup",
+                 "--drafter", f"model:{tiny_dirs['draft']}", "--prompts", str(prompts_file), "--dtype", "float32",
+                 "--out", str(out)])
+    assert code == 0
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    methods = {r["method"] for r in rows}
+    assert {"plain", "prompt-lookup", f"model:{tiny_dirs['draft']}", "hf-generate", "hf-prompt-lookup"} <= methods
+    assert any(m.startswith("hf-assisted") for m in methods)
+    for r in rows:
+        assert r["prompts"] == 2 and r["speedup"]["median"] > 0
+        if r["method"] in ("prompt-lookup",) or r["method"].startswith("model:"):
+            assert 0 <= r["alpha"] <= 1 and r["tau"] >= 1 and r["c"] >= 0 and r["predicted_speedup"] > 0
+            assert r["identical_to_plain"] == 2  # float32 greedy: speculative = plain, token for token
+    table = (out / "table.md").read_text()
+    assert table.startswith("| task | method | T | γ | α |") and table.count("\n") == len(rows) + 2
+    for png in ("speedup_vs_gamma.png", "alpha.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_interleaving_and_seeding(tiny_dirs, prompts_file, monkeypatch):
+    """Every method of a prompt runs in a seeded shuffled order with the same sampling seed."""
+    seen = []
+    original = runner._run_one
+
+    def spy(name, key, gamma, prompt, p_index, ids, sampling, *rest):
+        seen.append((p_index, sampling.temperature, name, sampling.seed))
+        return original(name, key, gamma, prompt, p_index, ids, sampling, *rest)
+
+    monkeypatch.setattr(runner, "_run_one", spy)
+    config = runner.BenchConfig(target=str(tiny_dirs["target"]), drafters=["prompt-lookup"], temperatures=[1.0],
+                                gammas=[1, 2], prompts_file=str(prompts_file), max_new_tokens=6, dtype="float32")
+    runner.run_bench(config)
+    first = list(seen)
+    seen.clear()
+    runner.run_bench(config)
+    assert seen == first  # same seed, same order
+    for p_index in (0, 1):
+        mine = [s for s in first if s[0] == p_index]
+        assert len({s[3] for s in mine}) == 1  # one sampling seed shared by every method of a prompt
+    orders = [[s[2] for s in first if s[0] == p] for p in (0, 1)]
+    assert sorted(orders[0]) == sorted(orders[1])  # every method on every prompt ...
+    assert orders[0] != orders[1]  # ... in an order shuffled per prompt (these seeds give two orders)
+
+
+def test_task_prompts_are_reproducible():
+    for task in TASKS:
+        a, b = task_prompts(task, 2, seed=3), task_prompts(task, 2, seed=3)
+        assert a == b and len(a) == 2 and all(p.text.strip() for p in a)
+    assert task_prompts("translate", 2, seed=3) != task_prompts("translate", 2, seed=4)
+    assert all(p.reference for p in task_prompts("translate", 3, seed=0))
+
+
+def test_bad_prompts_file(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt key"}\n')
+    with pytest.raises(SpecdecError, match="prompt"):
+        load_prompts_file(bad)
+    with pytest.raises(SpecdecError, match="cannot read"):
+        load_prompts_file(tmp_path / "missing.jsonl")
