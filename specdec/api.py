@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends import TransformersBackend
+from .backends import make_backend
 from .config import SamplingParams, SpecConfig
 from .drafters import build_drafter
 from .engine import Generation, SpeculativeEngine
@@ -60,13 +60,16 @@ class SpecDec:
 
     target: a built-in name (smollm2-135m, gemma3-270m), a local directory or a hub id.
     drafter: prompt-lookup, ngram (draft = table file), model (draft = model name), none.
+    backend: auto (the lean forward pass where the architecture is known, else transformers),
+    lean or transformers.
     """
 
     def __init__(self, target: str = "smollm2-135m", drafter: str = "prompt-lookup", draft: str | None = None,
-                 dtype: str = "auto", device: str = "cpu"):
+                 dtype: str = "auto", device: str = "cpu", backend: str = "auto"):
         self.target = load_model(target, dtype, device)
-        self.drafter = build_drafter(drafter, draft, self.target, dtype, device)
-        self.engine = SpeculativeEngine(TransformersBackend(self.target.model), self.drafter, self.target.eos_token_ids)
+        self.drafter = build_drafter(drafter, draft, self.target, dtype, device, backend)
+        self.engine = SpeculativeEngine(make_backend(self.target.model, backend), self.drafter,
+                                        self.target.eos_token_ids)
 
     @property
     def tokenizer(self):

@@ -34,6 +34,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto",
                         help="auto (bfloat16 where the CPU has fast bf16, else float32), bfloat16, float32, float16")
     parser.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    parser.add_argument("--backend", default="auto", choices=("auto", "lean", "transformers"),
+                        help="forward pass: auto (lean where the architecture is known), lean, transformers")
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -61,7 +63,8 @@ def _generate(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise SpecdecError("the prompt is empty: give some text, or '-' to read it from standard input")
     check_sampling_args(args)
-    sd = SpecDec(target=args.target, drafter=args.drafter, draft=args.draft, dtype=args.dtype, device=args.device)
+    sd = SpecDec(target=args.target, drafter=args.drafter, draft=args.draft, dtype=args.dtype, device=args.device,
+                 backend=args.backend)
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, chat=args.chat)
     if args.compare:  # one short warm-up so neither run pays for first-call set-up

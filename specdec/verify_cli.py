@@ -24,7 +24,8 @@ def _run(args: argparse.Namespace) -> int:
         raise SpecdecError(f"--k must be 1, 2 or 3, got {args.k}")
     if args.gamma == 0:
         raise SpecdecError("--gamma 0 is plain decoding: there is nothing speculative to verify")
-    sd = SpecDec(target=args.target, drafter=args.drafter, draft=args.draft, dtype=args.dtype, device=args.device)
+    sd = SpecDec(target=args.target, drafter=args.drafter, draft=args.draft, dtype=args.dtype, device=args.device,
+                 backend=args.backend)
     if sd.drafter is None:
         raise SpecdecError("--drafter none: there is nothing speculative to verify")
     texts = ([p.text for p in load_prompts_file(args.prompts)] if args.prompts else

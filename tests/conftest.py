@@ -53,10 +53,16 @@ def char_tokenizer(chars: list[str] = CHARS):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 
 
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{% endfor %}a:"
+
+
 def save_tiny_model(directory: Path, chars: list[str] = CHARS, seed: int = 0, layers: int = 2,
-                    max_positions: int = 256) -> Path:
-    """A loadable model directory: tiny random Llama + character tokenizer whose eos is the last id."""
+                    max_positions: int = 256, chat: bool = False) -> Path:
+    """A loadable model directory: tiny random Llama + character tokenizer whose eos is the last id
+    (with a minimal chat template if asked)."""
     tokenizer = char_tokenizer(chars)
+    if chat:
+        tokenizer.chat_template = CHAT_TEMPLATE
     model = tiny_llama(vocab_size=len(chars) + 1, layers=layers, seed=seed, max_positions=max_positions)
     model.config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -74,6 +80,8 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
         "draft": save_tiny_model(root / "draft", seed=1, layers=1),
         "alien": save_tiny_model(root / "alien", chars=list(reversed(CHARS)), seed=2, layers=1),
         "short": save_tiny_model(root / "short", seed=3, layers=1, max_positions=64),
+        "chat": save_tiny_model(root / "chat", seed=4, layers=2, chat=True),
+        "long": save_tiny_model(root / "long", seed=5, layers=2, max_positions=8192, chat=True),
     }
 
 

@@ -2,5 +2,8 @@
 
 from .base import Backend
 from .hf import TransformersBackend
+from .lean import LeanBackend, make_backend
 
-__all__ = ["Backend", "TransformersBackend"]
+BACKENDS = ("auto", "lean", "transformers")
+
+__all__ = ["Backend", "TransformersBackend", "LeanBackend", "make_backend", "BACKENDS"]

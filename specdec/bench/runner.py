@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from .. import theory
-from ..backends import TransformersBackend
+from ..backends import make_backend
 from ..config import SamplingParams, SpecConfig
 from ..drafters import build_drafter
 from ..engine import SpeculativeEngine
@@ -39,6 +39,8 @@ class BenchConfig:
     max_new_tokens: int = 128
     seed: int = 0
     dtype: str = "auto"
+    backend: str = "auto"
+    """auto (lean where known), lean or transformers: the forward pass specdec's rows run on."""
     peers: bool = True
 
 
@@ -66,13 +68,13 @@ def collect_prompts(config: BenchConfig) -> list[Prompt]:
 def run_bench(config: BenchConfig, progress=None) -> list[dict]:
     """Run everything; returns rows (also the input of the table and plots)."""
     target = load_model(config.target, config.dtype)
-    backend = TransformersBackend(target.model)
+    backend = make_backend(target.model, config.backend)
     eos = target.eos_token_ids
     plain_engine = SpeculativeEngine(backend, None, eos)
     engines = {}
     for spec in config.drafters:
         kind, arg = parse_drafter(spec)
-        drafter = build_drafter(kind, arg, target, config.dtype)
+        drafter = build_drafter(kind, arg, target, config.dtype, backend=config.backend)
         engines[spec] = (SpeculativeEngine(backend, drafter, eos), drafter, kind, arg)
     prompts = collect_prompts(config)
     use_chat = target.has_chat_template

@@ -34,10 +34,11 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str, dr
         )
 
 
-def build_drafter(kind: str, draft: str | None, target, dtype="auto", device: str = "cpu") -> Drafter | None:
+def build_drafter(kind: str, draft: str | None, target, dtype="auto", device: str = "cpu",
+                  backend: str = "auto") -> Drafter | None:
     """A drafter by kind name. `target` is the LoadedModel it drafts for; `draft` is the draft
     model (kind "model") or the n-gram table file (kind "ngram")."""
-    from ..backends import TransformersBackend
+    from ..backends import make_backend
     from ..models import load_model, tokenizer_fingerprint
 
     if kind == "none":
@@ -45,6 +46,9 @@ def build_drafter(kind: str, draft: str | None, target, dtype="auto", device: st
     if kind == "prompt-lookup":
         return PromptLookupDrafter()
     if kind == "ngram":
+        shipped = Path(__file__).parent.parent / "data" / f"{target.name}.bigram.npz"
+        if not draft and shipped.is_file():
+            draft = str(shipped)  # the bigram table shipped for a built-in target
         if not draft:
             raise SpecdecError("the ngram drafter needs a table: --draft FILE.npz (make one with `specdec ngram fit`)")
         if not Path(draft).is_file():
@@ -62,5 +66,5 @@ def build_drafter(kind: str, draft: str | None, target, dtype="auto", device: st
         loaded = load_model(draft, dtype, device)
         check_same_tokenizer(target.tokenizer, loaded.tokenizer, target.name, draft)
         target_width = target.model.get_output_embeddings().weight.shape[0]
-        return ModelDrafter(TransformersBackend(loaded.model), target_width, label=Path(draft).name or draft)
+        return ModelDrafter(make_backend(loaded.model, backend), target_width, label=Path(draft).name or draft)
     raise SpecdecError(f"unknown drafter {kind!r}: use one of {', '.join(DRAFTER_KINDS)}")

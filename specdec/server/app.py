@@ -1,0 +1,262 @@
+"""The HTTP API: OpenAI-style /v1/completions, /v1/chat/completions (streaming or not),
+/v1/models, /health and /metrics. Every error is an OpenAI-style body with a 4xx status."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..config import SamplingParams, SpecConfig
+from ..errors import SpecdecError
+from .metrics import ServerMetrics
+from .schemas import ChatCompletionRequest, CompletionRequest
+from .worker import Job, Worker
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict | None = None):
+        self.status, self.message, self.type, self.param, self.code, self.headers = status, message, type_, param, code, headers
+
+
+def error_response(status: int, message: str, type_: str = "invalid_request_error", param=None, code=None,
+                   headers=None) -> JSONResponse:
+    body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over `limit` bytes with 413, declared or streamed."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        too_big = error_response(413, f"request body is larger than {self.limit} bytes", code="body_too_large")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            return await too_big(scope, receive, send)
+        body, more = [], True
+        size = 0
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                return await too_big(scope, receive, send)
+            body.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        data = b"".join(body)
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": data, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+
+def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int = 16, spec_off_depth: int = 4,
+               max_body_bytes: int = 1 << 20, gamma="auto", default_chat_tokens: int = 512) -> FastAPI:
+    """The app around a loaded SpecDec; one worker thread runs the model."""
+    metrics = ServerMetrics()
+    tokenizer_lock = threading.Lock()
+    worker = Worker(sd, metrics, max_queue, tokenizer_lock)
+    context = sd.engine.target.max_length
+    app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding")
+    app.state.worker = worker
+    app.state.metrics = metrics
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, exc: APIError):
+        metrics.requests.labels(endpoint=request.url.path, status=str(exc.status)).inc()
+        return error_response(exc.status, exc.message, exc.type, exc.param, exc.code, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, exc: RequestValidationError):
+        metrics.requests.labels(endpoint=request.url.path, status="400").inc()
+        first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
+        if first.get("type") == "json_invalid":
+            return error_response(400, "the request body is not valid JSON", code="invalid_json")
+        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        message = first.get("msg", "invalid request").removeprefix("Value error, ")
+        return error_response(400, f"{'.'.join(loc) + ': ' if loc else ''}{message}", param=".".join(loc) or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request, exc: StarletteHTTPException):
+        return error_response(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if api_key and request.url.path.startswith("/v1/"):
+            if request.headers.get("authorization", "") != f"Bearer {api_key}":
+                metrics.requests.labels(endpoint=request.url.path, status="401").inc()
+                return error_response(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                                      type_="authentication_error", code="invalid_api_key")
+        return await call_next(request)
+
+    app.add_middleware(BodyLimit, limit=max_body_bytes)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_name, "queue_depth": worker.current_depth()}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "specdec"}]}
+
+    @app.get("/metrics")
+    async def prometheus():
+        metrics.queue_depth.set(worker.current_depth())
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def admit(body, prompt_ids: list[int], max_tokens: int | None, endpoint: str) -> Job:
+        if body.model not in (None, "", model_name):
+            raise APIError(404, f"the model '{body.model}' does not exist; this server serves '{model_name}'",
+                           param="model", code="model_not_found")
+        room = context - len(prompt_ids) if context else None
+        if room is not None and room < 1:
+            raise APIError(400, f"the prompt has {len(prompt_ids)} tokens but the context holds {context}",
+                           param="messages" if endpoint == "chat" else "prompt", code="context_length_exceeded")
+        if max_tokens is None:
+            max_tokens = 16 if endpoint == "completions" else min(default_chat_tokens, room or default_chat_tokens)
+        if max_tokens < 1:
+            raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
+        if room is not None and max_tokens > room:
+            raise APIError(400, f"max_tokens {max_tokens} is too large: the prompt has {len(prompt_ids)} tokens and "
+                           f"the context holds {context}, so at most {room} can be generated",
+                           param="max_tokens", code="context_length_exceeded")
+        try:
+            sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
+            request_gamma = gamma if body.gamma is None else body.gamma
+            if worker.current_depth() >= spec_off_depth and request_gamma != 0:
+                request_gamma = 0  # the queue is deep: compute is the bottleneck, leave speculation alone
+                metrics.speculation_off.inc()
+            spec = SpecConfig(gamma=request_gamma, max_new_tokens=max_tokens, stop_at_eos=not body.ignore_eos)
+        except SpecdecError as exc:
+            raise APIError(400, str(exc)) from None
+        job = Job(prompt_ids, sampling, spec, body.stop or [], asyncio.get_running_loop())
+        if not worker.submit(job):
+            metrics.rejected.inc()
+            raise APIError(429, "the server is busy: too many requests are waiting; retry later",
+                           type_="rate_limit_exceeded", code="queue_full",
+                           headers={"Retry-After": str(worker.retry_after())})
+        return job
+
+    def speculation(summary: dict, job: Job) -> dict:
+        s = summary["stats"]
+        return {"enabled": job.spec.gamma != 0, "gamma": job.spec.gamma, "drafter": s.drafter, "drafted": s.drafted,
+                "accepted": s.accepted, "alpha": s.alpha, "tau": s.tau, "target_calls": s.target_calls,
+                "acceptance_by_position": s.acceptance_by_position()}
+
+    def usage(summary: dict) -> dict:
+        return {"prompt_tokens": summary["prompt_tokens"], "completion_tokens": summary["completion_tokens"],
+                "total_tokens": summary["prompt_tokens"] + summary["completion_tokens"]}
+
+    async def collect(request: Request, job: Job) -> tuple[str, dict]:
+        pieces = []
+        while True:
+            try:
+                kind, payload = await asyncio.wait_for(job.events.get(), timeout=0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancelled.set()
+                    raise APIError(499, "client disconnected") from None
+                continue
+            if kind == "text":
+                pieces.append(payload)
+            elif kind == "error":
+                raise APIError(500, f"generation failed: {payload}", type_="server_error")
+            else:
+                return "".join(pieces), payload
+
+    def sse(obj) -> str:
+        return f"data: {json.dumps(obj)}\n\n"
+
+    async def stream(job: Job, make_chunk, endpoint: str):
+        try:
+            first = make_chunk(None, None, first=True)
+            if first:
+                yield sse(first)
+            while True:
+                kind, payload = await job.events.get()
+                if kind == "text":
+                    yield sse(make_chunk(payload, None))
+                elif kind == "error":
+                    yield sse({"error": {"message": f"generation failed: {payload}", "type": "server_error"}})
+                    break
+                else:
+                    final = make_chunk(None, payload["finish_reason"])
+                    final["usage"] = usage(payload)
+                    final["speculation"] = speculation(payload, job)
+                    yield sse(final)
+                    break
+            yield "data: [DONE]\n\n"
+            metrics.requests.labels(endpoint=endpoint, status="200").inc()
+        finally:
+            job.cancelled.set()  # no-op when finished; stops the generation when the client left
+
+    def encode_prompt(text: str) -> list[int]:
+        with tokenizer_lock:
+            return sd.tokenizer(text, add_special_tokens=True)["input_ids"]
+
+    def encode_chat(messages) -> list[int]:
+        if not sd.target.has_chat_template:
+            raise APIError(400, f"the model '{model_name}' has no chat template: use /v1/completions")
+        with tokenizer_lock:
+            return sd.encode([m.model_dump() for m in messages], chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        job = admit(body, encode_prompt(body.prompt), body.max_tokens, "completions")
+        ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+
+        def chunk(text, finish, first=False):
+            if first:
+                return None
+            return {"id": ident, "object": "text_completion", "created": created, "model": model_name,
+                    "choices": [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}]}
+
+        if body.stream:
+            return StreamingResponse(stream(job, chunk, "/v1/completions"), media_type="text/event-stream")
+        text, summary = await collect(request, job)
+        metrics.requests.labels(endpoint="/v1/completions", status="200").inc()
+        out = chunk(text, summary["finish_reason"])
+        return {**out, "usage": usage(summary), "speculation": speculation(summary, job)}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        job = admit(body, encode_chat(body.messages), max_tokens, "chat")
+        ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+
+        def chunk(text, finish, first=False):
+            delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
+            return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model_name,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+
+        if body.stream:
+            return StreamingResponse(stream(job, chunk, "/v1/chat/completions"), media_type="text/event-stream")
+        text, summary = await collect(request, job)
+        metrics.requests.labels(endpoint="/v1/chat/completions", status="200").inc()
+        return {"id": ident, "object": "chat.completion", "created": created, "model": model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": summary["finish_reason"], "logprobs": None}],
+                "usage": usage(summary), "speculation": speculation(summary, job)}
+
+    return app

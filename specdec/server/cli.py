@@ -1,0 +1,45 @@
+"""`specdec serve`: load the model and run the app under uvicorn (loopback by default)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import SpecdecError
+
+
+def _run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..api import SpecDec
+    from .app import create_app
+
+    for name in ("max_queue", "spec_off_depth", "max_body_bytes"):
+        if getattr(args, name) < 1:
+            raise SpecdecError(f"--{name.replace('_', '-')} must be >= 1")
+    sd = SpecDec(target=args.target, drafter=args.drafter, draft=args.draft, dtype=args.dtype, device=args.device,
+                 backend=args.backend)
+    sd.generate([sd.tokenizer.eos_token_id or 0], max_new_tokens=2, gamma=0)  # warm-up before the first client
+    app = create_app(sd, args.served_model_name or args.target, api_key=args.api_key, max_queue=args.max_queue,
+                     spec_off_depth=args.spec_off_depth, max_body_bytes=args.max_body_bytes, gamma=args.gamma)
+    print(f"specdec serving {args.target} (drafter {args.drafter}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def register(sub) -> None:
+    from ..cli import _gamma, add_model_args
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server")
+    add_model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="default: %(default)s (loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    serve.add_argument("--served-model-name", default=None, help="the model id clients use (default: --target)")
+    serve.add_argument("--gamma", type=_gamma, default="auto", help="default gamma for requests (default: auto)")
+    serve.add_argument("--max-queue", type=int, default=16, help="requests waiting or running before 429 (default: 16)")
+    serve.add_argument("--spec-off-depth", type=int, default=4,
+                       help="queue depth at which new requests are served without speculation (default: 4)")
+    serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default: 1 MiB)")
+    serve.add_argument("--log-level", default="warning")
+    serve.set_defaults(handler=_run)

@@ -1,0 +1,114 @@
+"""One worker thread runs the model; requests wait for it in a bounded queue.
+
+Batch size one is the regime speculative decoding is for, so requests are served one at a time in
+arrival order, each with its own seeded generator (no cross-talk). The HTTP side talks to a job
+through an asyncio queue of events: ("text", piece), then ("done", summary) or ("error", message).
+A job whose client left is flagged; the worker stops its generation at the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from ..api import TextStream
+from ..config import SamplingParams, SpecConfig
+
+
+@dataclass
+class Job:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    spec: SpecConfig
+    stops: list[str]
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def emit(self, kind: str, payload) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+
+
+def find_stop(text: str, stops: list[str]) -> int | None:
+    """Index of the earliest stop string in text, or None."""
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+class Worker:
+    def __init__(self, sd, metrics, max_queue: int, tokenizer_lock: threading.Lock):
+        self.sd = sd
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self.tokenizer_lock = tokenizer_lock
+        self.jobs: queue.Queue[Job] = queue.Queue()
+        self.depth = 0
+        self._lock = threading.Lock()
+        self.seconds_per_request = 1.0  # running mean, for Retry-After
+        self.thread = threading.Thread(target=self._loop, name="specdec-worker", daemon=True)
+        self.thread.start()
+
+    def submit(self, job: Job) -> bool:
+        """Queue a job; False when the queue is full."""
+        with self._lock:
+            if self.depth >= self.max_queue:
+                return False
+            self.depth += 1
+            self.metrics.queue_depth.set(self.depth)
+        self.jobs.put(job)
+        return True
+
+    def current_depth(self) -> int:
+        with self._lock:
+            return self.depth
+
+    def retry_after(self) -> int:
+        return max(1, round(self.current_depth() * self.seconds_per_request))
+
+    def _loop(self) -> None:
+        while True:
+            job = self.jobs.get()
+            start = time.perf_counter()
+            try:
+                if job.cancelled.is_set():
+                    self.metrics.cancelled.inc()
+                else:
+                    self._run(job)
+            except Exception as exc:  # a bug must not kill the worker; the client gets a 500 body
+                job.emit("error", f"{type(exc).__name__}: {exc}")
+            finally:
+                self.seconds_per_request = 0.8 * self.seconds_per_request + 0.2 * (time.perf_counter() - start)
+                with self._lock:
+                    self.depth -= 1
+                    self.metrics.queue_depth.set(self.depth)
+
+    def _run(self, job: Job) -> None:
+        run = self.sd.engine.generate(job.prompt_ids, job.sampling, job.spec)
+        text = TextStream(self.sd.tokenizer)
+        full, sent, finish = "", 0, None
+        hold = max((len(s) for s in job.stops), default=1) - 1  # a stop string may straddle two chunks
+        for chunk in run:
+            if job.cancelled.is_set():
+                self.metrics.cancelled.inc()
+                finish = "cancelled"
+                break
+            with self.tokenizer_lock:
+                full += text.push(chunk)
+            stop_at = find_stop(full, job.stops)
+            if stop_at is not None:
+                full, finish = full[:stop_at], "stop"
+                break
+            safe = len(full) - hold
+            if safe > sent:
+                job.emit("text", full[sent:safe])
+                sent = safe
+        run.close()
+        if len(full) > sent:
+            job.emit("text", full[sent:])
+        stats = run.stats
+        self.metrics.record_generation(stats)
+        job.emit("done", {"finish_reason": finish or stats.finish_reason, "prompt_tokens": len(job.prompt_ids),
+                          "completion_tokens": stats.new_tokens, "stats": stats})
