@@ -76,8 +76,7 @@ def main() -> None:
     ratios = []
     greedy = SamplingParams()
     for text in prompts:
-        ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                   tokenize=True, return_dict=False)
+        ids = loaded.encode(text)
         run = SpeculativeEngine(lean, None, loaded.eos_token_ids).generate(ids, greedy, SpecConfig(gamma=0, max_new_tokens=64)).run()
         tokens, seconds = hf_generate(loaded.model, ids, greedy, 64, loaded.eos_token_ids)
         ours = run.stats.tokens_per_second

@@ -17,7 +17,6 @@ from .backends import make_backend
 from .config import SamplingParams, SpecConfig
 from .drafters import build_drafter
 from .engine import Generation, SpeculativeEngine
-from .errors import SpecdecError
 from .metrics import GenerationStats
 from .models import load_model
 
@@ -76,25 +75,8 @@ class SpecDec:
         return self.target.tokenizer
 
     def encode(self, prompt: str | list[dict], chat: bool | None = None) -> list[int]:
-        """Text (or chat messages) -> prompt token ids. chat=None uses the chat template when the
-        tokenizer has one."""
-        if isinstance(prompt, str) and not prompt.strip():
-            raise SpecdecError("the prompt is empty: give some text to continue")
-        use_chat = self.target.has_chat_template if chat is None else chat
-        if use_chat and not self.target.has_chat_template:
-            raise SpecdecError(f"{self.target.name!r} has no chat template: use --no-chat (plain completion)")
-        if isinstance(prompt, list):
-            if not prompt:
-                raise SpecdecError("messages are empty: give at least one message")
-            if not use_chat:
-                raise SpecdecError("chat messages need a model with a chat template")
-            messages = prompt
-        elif use_chat:
-            messages = [{"role": "user", "content": prompt}]
-        else:
-            return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        """Text (or chat messages) -> prompt token ids (see LoadedModel.encode)."""
+        return self.target.encode(prompt, chat)
 
     def start(self, prompt: str | list[dict] | list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, gamma: int | str = "auto",

@@ -19,6 +19,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,8 @@ def converted_dir(builtin: BuiltinModel) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     gguf = Path(builtin.locate_gguf())
+    print(f"specdec: converting {gguf.name} once into {out} (dequantising takes ~20-60 s; later loads take seconds)",
+          file=sys.stderr)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{builtin.name}-", dir=out.parent))
     try:
@@ -142,6 +145,27 @@ class LoadedModel:
     @property
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
+
+    def encode(self, prompt: "str | list[dict]", chat: bool | None = None) -> list[int]:
+        """Text (or chat messages) -> prompt token ids. chat=None uses the chat template when the
+        tokenizer has one."""
+        if isinstance(prompt, str) and not prompt.strip():
+            raise SpecdecError("the prompt is empty: give some text to continue")
+        use_chat = self.has_chat_template if chat is None else chat
+        if use_chat and not self.has_chat_template:
+            raise SpecdecError(f"{self.name!r} has no chat template: use --no-chat (plain completion)")
+        if isinstance(prompt, list):
+            if not prompt:
+                raise SpecdecError("messages are empty: give at least one message")
+            if not use_chat:
+                raise SpecdecError("chat messages need a model with a chat template")
+            messages = prompt
+        elif use_chat:
+            messages = [{"role": "user", "content": prompt}]
+        else:
+            return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                       return_dict=False))
 
     @property
     def eos_token_ids(self) -> set[int]:

@@ -17,11 +17,6 @@ PROMPTS = [
 ]
 
 
-def chat_ids(tokenizer, text):
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False)
-
-
 @pytest.fixture(scope="module")
 def bigram(builtin_model):
     from specdec import corpus
@@ -42,7 +37,7 @@ def test_builtin_greedy_parity_fp32(builtin_model, bigram, gamma):
     for drafter in (PromptLookupDrafter(), NGramDrafter(bigram)):
         spec_engine = SpeculativeEngine(backend, drafter, eos)
         for text in PROMPTS:
-            ids = chat_ids(builtin_model.tokenizer, text)
+            ids = builtin_model.encode(text)
             expected = plain.generate(ids, SamplingParams(), SpecConfig(gamma=0, max_new_tokens=40)).run().tokens
             run = spec_engine.generate(ids, SamplingParams(), SpecConfig(gamma=gamma, max_new_tokens=40)).run()
             assert run.tokens == expected, (drafter.name, text)

@@ -39,32 +39,40 @@ def plot(rows: list[dict], out_dir: Path) -> list[Path]:
 
     paths = []
     spec_rows = [r for r in rows if r.get("alpha") is not None]
-    series: dict[tuple, list[dict]] = {}
-    for r in spec_rows:
-        series.setdefault((r["method"], r["task"], r["temperature"]), []).append(r)
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, ((method, task, temperature), items) in enumerate(sorted(series.items())):
-        color = plt.cm.tab10(i % 10)
-        fixed = sorted((int(r["gamma"]), r) for r in items if r["gamma"].isdigit())
-        if fixed:
-            ax.plot([g for g, _ in fixed], [r["speedup"]["median"] for _, r in fixed], "o-", color=color,
-                    label=f"{method} {task} T={temperature:g}")
-            alphas = [r["alpha"] for _, r in fixed]
-            cs = [r["c"] or 0.0 for _, r in fixed]
-            alpha, c = sum(alphas) / len(alphas), sum(cs) / len(cs)
-            grid = list(range(1, max(g for g, _ in fixed) + 1))
-            ax.plot(grid, [theory.walltime_improvement(alpha, g, c) for g in grid], "--", color=color, alpha=0.6)
-        for r in items:
-            if r["gamma"] == "auto" and r.get("mean_gamma"):
-                ax.plot([r["mean_gamma"]], [r["speedup"]["median"]], "*", markersize=12, color=color)
-    ax.axhline(1.0, color="gray", linewidth=0.8)
-    ax.set_xlabel("γ (draft tokens per round; ★ = auto at its mean γ)")
-    ax.set_ylabel("speedup over plain decoding (median over prompts)")
-    ax.set_title("Measured speedup (solid) vs Theorem 3.8 at measured α, c (dashed)")
-    ax.legend(fontsize=7, loc="best")
+    tasks = sorted({r["task"] for r in spec_rows})
+    temps = sorted({r["temperature"] for r in spec_rows})
+    methods = sorted({r["method"] for r in spec_rows})
+    colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(methods)}
+    fig, axes = plt.subplots(len(temps) or 1, len(tasks) or 1, figsize=(3.6 * max(len(tasks), 1), 3.2 * max(len(temps), 1)),
+                             squeeze=False, sharey=True)
+    for ti, temperature in enumerate(temps):
+        for ki, task in enumerate(tasks):
+            ax = axes[ti][ki]
+            for method in methods:
+                items = [r for r in spec_rows if (r["task"], r["temperature"], r["method"]) == (task, temperature, method)]
+                fixed = sorted((int(r["gamma"]), r) for r in items if r["gamma"].isdigit())
+                color = colors[method]
+                if fixed:
+                    ax.plot([g for g, _ in fixed], [r["speedup"]["median"] for _, r in fixed], "o-", color=color,
+                            label=method)
+                    alpha = sum(r["alpha"] for _, r in fixed) / len(fixed)
+                    c = sum(r["c"] or 0.0 for _, r in fixed) / len(fixed)
+                    grid = list(range(1, max(g for g, _ in fixed) + 1))
+                    ax.plot(grid, [theory.walltime_improvement(alpha, g, c) for g in grid], "--", color=color, alpha=0.6)
+                for r in items:
+                    if r["gamma"] == "auto" and r.get("mean_gamma"):
+                        ax.plot([r["mean_gamma"]], [r["speedup"]["median"]], "*", markersize=11, color=color)
+            ax.axhline(1.0, color="gray", linewidth=0.8)
+            ax.set_title(f"{task}, T={temperature:g}", fontsize=9)
+            if ti == len(temps) - 1:
+                ax.set_xlabel("γ (★ = auto at its mean γ)", fontsize=8)
+            if ki == 0:
+                ax.set_ylabel("speedup over plain", fontsize=8)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Measured speedup (solid, median over prompts) vs Theorem 3.8 at the measured α, c (dashed)", fontsize=10)
     fig.tight_layout()
     paths.append(out_dir / "speedup_vs_gamma.png")
-    fig.savefig(paths[-1], dpi=120)
+    fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -73,6 +81,10 @@ def plot(rows: list[dict], out_dir: Path) -> list[Path]:
     labels = [f"{m}\n{t} T={temp:g}" for (m, t, temp), _ in bars]
     ax.bar(range(len(bars)), [a for _, a in bars], color=[plt.cm.tab10(0 if k[2] == 0 else 1) for k, _ in bars])
     ax.set_xticks(range(len(bars)), labels, fontsize=7, rotation=45, ha="right")
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=plt.cm.tab10(0), label="T = 0"), Patch(color=plt.cm.tab10(1), label="T > 0")],
+              fontsize=8)
     ax.set_ylabel("α (accepted / (accepted + rejections))")
     ax.set_ylim(0, 1)
     ax.set_title("Acceptance rate per task, drafter and temperature")

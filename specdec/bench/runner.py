@@ -77,13 +77,7 @@ def run_bench(config: BenchConfig, progress=None) -> list[dict]:
         drafter = build_drafter(kind, arg, target, config.dtype, backend=config.backend)
         engines[spec] = (SpeculativeEngine(backend, drafter, eos), drafter, kind, arg)
     prompts = collect_prompts(config)
-    use_chat = target.has_chat_template
-
-    def encode(text: str) -> list[int]:
-        if use_chat:
-            return list(target.tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                             add_generation_prompt=True, tokenize=True, return_dict=False))
-        return target.tokenizer(text)["input_ids"]
+    encode = target.encode
 
     # Warm-up: thread pools and allocator, so the first measured run is not penalised.
     plain_engine.generate(encode("Hello"), SamplingParams(), SpecConfig(gamma=0, max_new_tokens=4)).run()
