@@ -1,5 +1,5 @@
 """Issue 2 benchmark: prompt lookup vs plain decoding vs transformers generate(), side by side, bf16, T=0."""
-import time, statistics, torch, sys
+import time, statistics, torch
 from specdec import SpecDec
 from specdec.bench.prompts import task_prompts
 sd = SpecDec("smollm2-135m", "prompt-lookup")

@@ -63,4 +63,4 @@ class GammaPolicy:
         self.tested = self.DECAY * self.tested + tested
         if target_seconds > 0:
             c_now = (draft_seconds / drafted) / target_seconds
-            self.c = c_now if self.c is None else 0.8 * self.c + 0.2 * c_now
+            self.c = 0.8 * self.c + 0.2 * c_now

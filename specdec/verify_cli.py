@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from .errors import SpecdecError
 
@@ -30,7 +29,7 @@ def _run(args: argparse.Namespace) -> int:
         raise SpecdecError("--drafter none: there is nothing speculative to verify")
     texts = ([p.text for p in load_prompts_file(args.prompts)] if args.prompts else
              [p.text for task in ("translate", "code") for p in task_prompts(task, args.num_prompts, args.seed)])
-    prompts = [sd.encode(t) for t in texts][: max(args.num_prompts * 2, 1) if not args.prompts else None]
+    prompts = [sd.encode(t) for t in texts]
     plain = SpeculativeEngine(sd.engine.target, None, sd.target.eos_token_ids)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     report = run_conformance(args.target, sd.target.model, plain, sd.engine, sd.engine.target, prompts, sampling,

@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 from specdec.backends import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig

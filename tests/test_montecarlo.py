@@ -2,7 +2,6 @@
 same check catches a verifier that accepts every draft (negative control)."""
 
 import pytest
-import torch
 
 import specdec.engine
 from specdec.backends import TransformersBackend

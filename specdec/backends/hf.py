@@ -24,9 +24,8 @@ class TransformersBackend(Backend):
         text_config = model.config.get_text_config()
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = getattr(text_config, "max_position_embeddings", None)
-        windows = [w for w in [getattr(text_config, "sliding_window", None)] if w] if any(
-            t == "sliding_attention" for t in getattr(text_config, "layer_types", None) or ()) else []
-        self.sliding_window = min(windows) if windows else None
+        sliding = any(t == "sliding_attention" for t in getattr(text_config, "layer_types", None) or ())
+        self.sliding_window = getattr(text_config, "sliding_window", None) if sliding else None
         self._reset()
 
     def _reset(self) -> None:

@@ -13,14 +13,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 
 from .. import theory
 from ..backends import make_backend
 from ..config import SamplingParams, SpecConfig
 from ..drafters import build_drafter
 from ..engine import SpeculativeEngine
-from ..errors import SpecdecError
 from ..models import load_model
 from .peers import hf_generate
 from .prompts import TASKS, Prompt, load_prompts_file, task_prompts
