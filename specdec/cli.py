@@ -27,10 +27,12 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--target", default="smollm2-135m",
                         help="target model p: smollm2-135m, gemma3-270m, a local directory or a hub id (default: %(default)s)")
-    parser.add_argument("--drafter", default="prompt-lookup", choices=DRAFTER_KINDS,
-                        help="how drafts are made (default: %(default)s)")
+    parser.add_argument("--drafter", default="prompt-lookup", metavar="KIND_OR_DIR",
+                        help=f"how drafts are made: {', '.join(DRAFTER_KINDS)}, or a trained drafter's directory "
+                             "(default: %(default)s)")
     parser.add_argument("--draft", default=None, metavar="MODEL_OR_FILE",
-                        help="the draft model (--drafter model) or n-gram table file (--drafter ngram)")
+                        help="the draft model (--drafter model), n-gram table file (--drafter ngram) or trained "
+                             "drafter directory (--drafter trained; default: the one shipped for the target)")
     parser.add_argument("--dtype", default="auto",
                         help="auto (bfloat16 where the CPU has fast bf16, else float32), bfloat16, float32, float16")
     parser.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")

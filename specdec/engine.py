@@ -22,7 +22,6 @@ import torch
 from .backends import Backend
 from .config import SamplingParams, SpecConfig
 from .drafters.base import Drafter, Proposal
-from .drafters.model import ModelDrafter
 from .errors import SpecdecError
 from .gamma import GammaPolicy
 from .metrics import GenerationStats
@@ -60,6 +59,8 @@ class SpeculativeEngine:
         self.target = target
         self.drafter = drafter
         self.eos_token_ids = set(eos_token_ids)
+        if drafter is not None:
+            drafter.bind(target)
 
     def generate(
         self,
@@ -95,7 +96,7 @@ class SpeculativeEngine:
         context = torch.empty(prompt.numel() + budget, dtype=torch.long)  # prompt + generated tokens
         context[: prompt.numel()] = prompt
         length = prompt.numel()
-        policy = GammaPolicy(spec, prior_c=0.1 if isinstance(drafter, ModelDrafter) else 0.0)
+        policy = GammaPolicy(spec, prior_c=drafter.cost_prior if drafter is not None else 0.0)
 
         start = time.perf_counter()
         target.prefill(prompt[:-1])  # reuses what the cache already holds of this prompt

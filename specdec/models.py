@@ -244,3 +244,21 @@ def tokenizer_fingerprint(tokenizer) -> str:
     """A short hash of a tokenizer's vocabulary: the same ids mean the same strings."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
     return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]
+
+
+def target_identity(loaded: LoadedModel) -> dict:
+    """What a trained drafter records about its target, and checks when it is loaded: the
+    architecture, sizes, tokenizer and a hash of the output head (rounded to bfloat16, so the same
+    weights loaded in float32 or bfloat16 agree)."""
+    model = loaded.model
+    head = model.get_output_embeddings().weight.detach()
+    sample = head[:: max(1, head.shape[0] // 64)].to(torch.bfloat16).float().cpu().numpy().tobytes()
+    return {
+        "name": loaded.name,
+        "model_type": model.config.model_type,
+        "hidden_size": model.config.get_text_config().hidden_size,
+        "num_layers": model.config.get_text_config().num_hidden_layers,
+        "vocab_width": head.shape[0],
+        "tokenizer": tokenizer_fingerprint(loaded.tokenizer),
+        "weights": hashlib.sha256(sample).hexdigest()[:16],
+    }

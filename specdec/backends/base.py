@@ -8,6 +8,10 @@ cache already holds (the same prompt sampled again, a chat that grows turn by tu
 >>> # backend.forward(torch.tensor([5, 6, 7])) -> (3, V) logits; backend.held == [5, 6, 7]
 >>> # backend.rollback(1)                       -> the cache holds token 5 only
 >>> # backend.prefill(torch.tensor([5, 8]))     -> runs only token 8
+
+Drafters that read the target's features (EAGLE, Medusa) turn on `record_hidden`: the backend then
+also keeps the last layer's output (after the final norm, the vector the LM head reads) of every
+position it holds, and `hidden(start, end)` returns them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,41 @@ class Backend(ABC):
 
     def __init__(self) -> None:
         self.held: list[int] = []
+        self._record_hidden = False
+        self._hidden: torch.Tensor | None = None  # (capacity, d) features by position
+
+    @property
+    def record_hidden(self) -> bool:
+        return self._record_hidden
+
+    @record_hidden.setter
+    def record_hidden(self, on: bool) -> None:
+        """Turning recording on starts a new sequence: positions already cached have no features."""
+        if on and not self._record_hidden:
+            self.reset()
+        self._record_hidden = on
+
+    def hidden(self, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """(end - start, d) last-layer features of held positions (needs record_hidden)."""
+        end = self.length if end is None else end
+        if not self._record_hidden or self._hidden is None:
+            raise RuntimeError("hidden states are not recorded: set record_hidden = True before the sequence starts")
+        if not 0 <= start <= end <= self.length:
+            raise ValueError(f"positions {start}..{end} are not all held (the cache holds {self.length})")
+        return self._hidden[start:end]
+
+    def _store_hidden(self, start: int, features: torch.Tensor) -> None:
+        """Subclasses call this from _forward with the (n, d) final-norm features of positions start.."""
+        if not self._record_hidden:
+            return
+        end = start + features.shape[0]
+        if self._hidden is None or self._hidden.shape[0] < end:
+            grown = features.new_zeros((max(end, 2 * (0 if self._hidden is None else self._hidden.shape[0]), 256),
+                                        features.shape[1]))
+            if self._hidden is not None:
+                grown[: self._hidden.shape[0]] = self._hidden
+            self._hidden = grown
+        self._hidden[start:end] = features
 
     @property
     def length(self) -> int:

@@ -38,8 +38,11 @@ class TransformersBackend(Backend):
         n = ids.shape[0]
         positions = torch.arange(start, start + n, device=self.device)[None]  # (1, n)
         out = self.model(
-            input_ids=ids.to(self.device)[None], position_ids=positions, past_key_values=self.cache, use_cache=True
+            input_ids=ids.to(self.device)[None], position_ids=positions, past_key_values=self.cache, use_cache=True,
+            output_hidden_states=self.record_hidden,
         )
+        if self.record_hidden:  # the last entry is the final norm's output, what the LM head reads
+            self._store_hidden(start, out.hidden_states[-1][0])
         self._since_crop += n
         return out.logits[0].float()  # (n, V)
 

@@ -43,7 +43,7 @@ class _Layer:
     window: int | None  # sliding window, None for full attention
 
 
-def _can_pack() -> bool:
+def can_pack() -> bool:
     """Whether this torch build has oneDNN's pre-packed linear (CPU builds with mkldnn do)."""
     try:
         weight = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=torch.bfloat16))
@@ -77,7 +77,7 @@ class LeanBackend(Backend):
         self.softcap = getattr(config, "final_logit_softcapping", None)
         self.act = (lambda x: F.gelu(x, approximate="tanh")) if self.gemma else F.silu
         inner = model.model
-        self.packed = self.dtype == torch.bfloat16 and self.device.type == "cpu" and _can_pack()
+        self.packed = self.dtype == torch.bfloat16 and self.device.type == "cpu" and can_pack()
         with torch.no_grad():
             self.embed = inner.embed_tokens.weight.detach()
             self.embed_scale = (torch.tensor(config.hidden_size ** 0.5, dtype=self.dtype) if self.gemma else None)
@@ -209,7 +209,9 @@ class LeanBackend(Backend):
             if self.gemma:
                 m = self._rms(m, layer.norms["mlp_out"])
             h = h + m
-        logits = self._linear(self._rms(h, self.final_norm), self.lm_head).float()  # (n, V)
+        features = self._rms(h, self.final_norm)  # (n, d): what the LM head reads
+        self._store_hidden(start, features)
+        logits = self._linear(features, self.lm_head).float()  # (n, V)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

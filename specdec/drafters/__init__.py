@@ -9,11 +9,19 @@ from .base import Drafter, Proposal
 from .model import ModelDrafter
 from .ngram import NGramDrafter, NGramTable
 from .prompt_lookup import PromptLookupDrafter
+from .trained import is_trained_drafter, load_trained_drafter
 
-DRAFTER_KINDS = ("prompt-lookup", "ngram", "model", "none")
+DRAFTER_KINDS = ("auto", "prompt-lookup", "ngram", "model", "trained", "none")
+SHIPPED_DIR = Path(__file__).parent.parent / "data" / "drafters"
 
 __all__ = ["Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "NGramTable", "PromptLookupDrafter",
-           "DRAFTER_KINDS", "build_drafter", "check_same_tokenizer"]
+           "DRAFTER_KINDS", "build_drafter", "check_same_tokenizer", "shipped_drafter"]
+
+
+def shipped_drafter(target_name: str) -> Path | None:
+    """The trained drafter shipped in the package for a built-in target, if there is one."""
+    path = SHIPPED_DIR / target_name
+    return path if is_trained_drafter(path) else None
 
 
 def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str, draft_name: str) -> None:
@@ -36,13 +44,17 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str, dr
 
 def build_drafter(kind: str, draft: str | None, target, dtype="auto", device: str = "cpu",
                   backend: str = "auto") -> Drafter | None:
-    """A drafter by kind name. `target` is the LoadedModel it drafts for; `draft` is the draft
-    model (kind "model") or the n-gram table file (kind "ngram")."""
+    """A drafter by kind name, or by the directory of a trained drafter. `target` is the LoadedModel
+    it drafts for; `draft` is the draft model (kind "model"), the n-gram table file (kind "ngram") or
+    the trained drafter's directory (kind "trained"; default: the one shipped for the target)."""
     from ..backends import make_backend
     from ..models import load_model, tokenizer_fingerprint
 
     if kind == "none":
         return None
+    if kind == "auto":  # the trained drafter shipped for this target, else prompt lookup
+        shipped = shipped_drafter(target.name)
+        return load_trained_drafter(shipped, target) if shipped else PromptLookupDrafter()
     if kind == "prompt-lookup":
         return PromptLookupDrafter()
     if kind == "ngram":
@@ -67,4 +79,15 @@ def build_drafter(kind: str, draft: str | None, target, dtype="auto", device: st
         check_same_tokenizer(target.tokenizer, loaded.tokenizer, target.name, draft)
         target_width = target.model.get_output_embeddings().weight.shape[0]
         return ModelDrafter(make_backend(loaded.model, backend), target_width, label=Path(draft).name or draft)
-    raise SpecdecError(f"unknown drafter {kind!r}: use one of {', '.join(DRAFTER_KINDS)}")
+    if kind == "trained":
+        draft = draft or shipped_drafter(target.name)
+        if not draft:
+            raise SpecdecError(f"no trained drafter ships for {target.name!r}: give its directory with --draft DIR "
+                               "(make one with `specdec train-drafter`)")
+        return load_trained_drafter(draft, target)
+    if is_trained_drafter(kind):
+        return load_trained_drafter(kind, target)
+    if Path(kind).exists():
+        raise SpecdecError(f"{kind!r} is not a trained drafter's directory (it needs config.json and "
+                           "model.safetensors, as `specdec train-drafter` writes them)")
+    raise SpecdecError(f"unknown drafter {kind!r}: use one of {', '.join(DRAFTER_KINDS)} or a trained drafter's directory")

@@ -31,6 +31,11 @@ class Proposal:
 class Drafter(ABC):
     name: str
     """Short name for stats and tables, e.g. "prompt-lookup"."""
+    cost_prior: float = 0.0
+    """A first guess of c (time of one draft token / one target step) before any is measured."""
+
+    def bind(self, target) -> None:
+        """The engine's target Backend; drafters that read its features (eagle, medusa) keep it."""
 
     def begin(self, prompt: torch.Tensor) -> None:
         """A new sequence starts with this (P,) prompt. Stateful drafters prefill here."""

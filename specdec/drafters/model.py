@@ -21,6 +21,7 @@ from .base import Drafter, Proposal
 
 class ModelDrafter(Drafter):
     name = "model"
+    cost_prior = 0.1
 
     def __init__(self, backend: Backend, target_vocab_size: int, label: str | None = None):
         self.backend = backend

@@ -1,0 +1,77 @@
+"""`specdec train-drafter`: make a drafter for a target that has no small sibling.
+
+    specdec train-drafter --target smollm2-135m --kind eagle --out drafters/smollm2-eagle --minutes 30
+
+Samples the target on prompts built from text on the machine (cached, shared by every kind and
+size), trains the kind asked for, and saves it; use it with `--drafter DIR` anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import SpecdecError
+
+
+def _train_drafter(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..drafters.nets import KINDS
+    from ..drafters.trained import is_trained_drafter, save_drafter
+    from ..models import load_model
+    from .data import DataRecipe, build_data
+    from .train import SIZES, TrainRecipe, train
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not (is_trained_drafter(out) and args.overwrite):
+        what = "a trained drafter" if is_trained_drafter(out) else "files that are not a trained drafter"
+        raise SpecdecError(f"{out} already holds {what}: choose another --out"
+                           + (" or pass --overwrite" if is_trained_drafter(out) else ""))
+    if args.kind not in KINDS:
+        raise SpecdecError(f"unknown --kind {args.kind!r}: use one of {', '.join(KINDS)}")
+    if args.minutes is not None and args.minutes <= 0 or args.steps is not None and args.steps <= 0:
+        raise SpecdecError("--minutes and --steps must be positive")
+    if args.vocab < 2 or args.prompts < 1 or args.max_new_tokens < 1:
+        raise SpecdecError("--vocab must be at least 2, --prompts and --max-new-tokens at least 1")
+    size = SIZES[args.size] if args.kind == "draft-lm" else dict(layers=1, ffn=1536)
+    recipe = TrainRecipe(kind=args.kind, layers=args.layers or size["layers"], ffn=args.ffn or size["ffn"],
+                         medusa_heads=args.medusa_heads, vocab_size=args.vocab, steps=args.steps,
+                         minutes=args.minutes if args.minutes is not None else 30.0, batch=args.batch, seed=args.seed)
+    log = lambda message: print(f"specdec: {message}", file=sys.stderr)  # noqa: E731
+    target = load_model(args.target, args.dtype, args.device)
+    data = build_data(target, DataRecipe(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.data_seed,
+                                         batch=args.data_batch), log)
+    net = train(target, data, recipe, log)
+    net.config.recipe["data"] = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "seed": args.data_seed,
+                                 "positions": int(data.tokens.numel())}
+    save_drafter(net, out)
+    megabytes = sum(f.stat().st_size for f in out.iterdir()) / 1e6
+    log(f"wrote {out} ({megabytes:.1f} MB); use it with --drafter {out}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train-drafter", help="train a drafter (draft-lm, medusa or eagle) for a target")
+    p.add_argument("--target", default="smollm2-135m", help="the target model (default: %(default)s)")
+    p.add_argument("--kind", required=True, help="draft-lm, medusa or eagle")
+    p.add_argument("--out", required=True, help="directory to write the drafter to")
+    p.add_argument("--size", default="s", choices=("s", "m", "l"),
+                   help="draft-lm size: s = 1 layer (ffn 1024), m = 2 layers, l = 4 layers (ffn 1536)")
+    p.add_argument("--layers", type=int, default=None, help="override the draft-lm's layer count")
+    p.add_argument("--ffn", type=int, default=None, help="override the MLP width")
+    p.add_argument("--medusa-heads", type=int, default=4, help="Medusa heads (tokens proposed per round)")
+    p.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (default: %(default)s)")
+    p.add_argument("--minutes", type=float, default=None, help="training time (default: 30)")
+    p.add_argument("--steps", type=int, default=None, help="train for this many steps instead of --minutes")
+    p.add_argument("--batch", type=int, default=16, help="windows per step (default: %(default)s)")
+    p.add_argument("--prompts", type=int, default=2000, help="prompts the target answers (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="answer length (default: %(default)s)")
+    p.add_argument("--data-batch", type=int, default=32, help="prompts sampled together (default: %(default)s)")
+    p.add_argument("--data-seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="training seed")
+    p.add_argument("--dtype", default="auto", help="the target's dtype while sampling (default: %(default)s)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--overwrite", action="store_true", help="replace a trained drafter already in --out")
+    p.set_defaults(handler=_train_drafter)

@@ -1,0 +1,271 @@
+"""The training loop of `specdec train-drafter`: distil the target into a draft-lm, Medusa heads or an
+EAGLE head, on the self-distillation data of `training.data`.
+
+Losses (p = the target's top-K distribution at temperature 1, q = the draft's over its vocabulary S;
+ids outside S cannot be drafted and drop out):
+
+- draft-lm: soft cross-entropy −Σ p log q at every position (KL to the target up to p's entropy);
+- medusa: head k at position t against p at t+k, weighted 0.8^(k−1);
+- eagle: regression of the next feature (smooth L1, in units of the features' RMS) plus the soft
+  cross-entropy of the logits read from the predicted feature; a second step unrolled on its own
+  predictions (the way it drafts), so errors it feeds itself are trained on too.
+
+Progress shows the loss and, every `eval_every` steps, the held-out first-position agreement with the
+target's argmax (α at temperature 0) and Σ min(p, q) (α at temperature 1).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..drafters.nets import DraftConfig, DraftNet, head_dim_for
+from ..drafters.trained import build_net
+from ..models import target_identity
+from .data import DistillData
+
+SIZES = {"s": dict(layers=1, ffn=1024), "m": dict(layers=2, ffn=1536), "l": dict(layers=4, ffn=1536)}
+"""draft-lm sizes for the draft-size experiment (eagle uses one layer of ffn 1536; medusa 4 heads)."""
+
+
+@dataclass
+class TrainRecipe:
+    kind: str
+    layers: int = 1
+    ffn: int = 1536
+    medusa_heads: int = 4
+    vocab_size: int = 8192
+    steps: int | None = None
+    minutes: float = 30.0
+    batch: int = 16
+    window: int = 160
+    lr: float = 2e-3
+    warmup: int = 20
+    eval_every: int = 50
+    seed: int = 0
+
+
+def draft_vocabulary(data: DistillData, size: int, always: set[int]) -> torch.Tensor:
+    """The `size` ids the target emits most: its argmax at every position plus its answers' tokens,
+    and the ids in `always` (end-of-sequence)."""
+    width = data.token_counts.numel()
+    score = torch.bincount(data.topk_ids[:, 0], minlength=width)[:width].float() + data.token_counts.float()
+    score[list(always)] = float("inf")
+    size = min(size, width)
+    return score.topk(size).indices.sort().values
+
+
+def mass_covered(data: DistillData, vocab: torch.Tensor) -> float:
+    """Share of the target's (top-K) probability mass that falls inside the draft vocabulary."""
+    inside = torch.zeros(data.token_counts.numel(), dtype=torch.bool)
+    inside[vocab] = True
+    return float((data.topk_probs * inside[data.topk_ids]).sum() / data.topk_probs.sum())
+
+
+class Windows:
+    """Random windows of whole sequences (no window crosses two), padded to one length."""
+
+    def __init__(self, data: DistillData, sequences: list[int], window: int, seed: int):
+        self.data, self.sequences, self.window = data, sequences, window
+        self.generator = torch.Generator().manual_seed(seed)
+        lengths = (data.offsets[1:] - data.offsets[:-1])[sequences].float()
+        self.weights = lengths.clamp(max=window)  # longer sequences are drawn more often
+
+    def batch(self, size: int, fixed: list[int] | None = None) -> dict[str, torch.Tensor]:
+        data, w = self.data, self.window
+        picks = fixed if fixed is not None else torch.multinomial(self.weights, size, True, generator=self.generator).tolist()
+        positions, valid = [], []
+        for pick in picks:
+            s = self.sequences[pick]
+            lo, hi = int(data.offsets[s]), int(data.offsets[s + 1])
+            start = lo + int(torch.randint(0, max(1, hi - lo - w + 1), (1,), generator=self.generator)) if hi - lo > w else lo
+            n = min(w, hi - start)
+            positions.append(torch.cat([torch.arange(start, start + n), torch.full((w - n,), start)]))
+            valid.append(torch.arange(w) < n)
+        index = torch.stack(positions)  # (B, W)
+        return {"tokens": data.tokens[index], "features": data.features[index].float(), "topk_ids": data.topk_ids[index],
+                "topk_probs": data.topk_probs[index], "valid": torch.stack(valid)}
+
+
+def soft_cross_entropy(logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor,
+                       to_draft: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """−Σ p log q over the target's top-K ids that lie in the draft vocabulary, mean over valid positions."""
+    index = to_draft[topk_ids]  # (..., K), -1 outside S
+    logq = logits.float().log_softmax(dim=-1).gather(-1, index.clamp(min=0))
+    per_position = -(topk_probs * (index >= 0) * logq).sum(dim=-1)
+    return (per_position * valid).sum() / valid.sum().clamp(min=1)
+
+
+def agreement(logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor, to_draft: torch.Tensor,
+              vocab: torch.Tensor, valid: torch.Tensor) -> tuple[float, float]:
+    """(α at T=0: draft argmax == target argmax, α at T=1: Σ min(p, q) over the target's top-K)."""
+    greedy = (vocab[logits.argmax(dim=-1)] == topk_ids[..., 0]).float()
+    q = logits.float().softmax(dim=-1)
+    index = to_draft[topk_ids]
+    q_at = q.gather(-1, index.clamp(min=0)) * (index >= 0)
+    beta = torch.minimum(topk_probs, q_at).sum(dim=-1)
+    n = valid.sum().clamp(min=1)
+    return float((greedy * valid).sum() / n), float((beta * valid).sum() / n)
+
+
+class Objective:
+    """The loss and the held-out measurements of one kind."""
+
+    def __init__(self, net: DraftNet, feature_rms: float):
+        self.net, self.kind, self.feature_rms = net, net.config.kind, feature_rms
+        width = int(max(net.vocab.max() + 1, net.embed.shape[0]))
+        self.to_draft = torch.full((width,), -1, dtype=torch.long)
+        self.to_draft[net.vocab] = torch.arange(net.vocab.numel())
+
+    def _outputs(self, b: dict) -> list[tuple[torch.Tensor, slice, torch.Tensor | None, slice]]:
+        """(logits, target positions, predicted features or None, their input positions) per output."""
+        net = self.net
+        if self.kind == "draft-lm":
+            return [(net.lm(b["tokens"]), slice(0, None), None, slice(0, None))]
+        if self.kind == "medusa":
+            heads = net.medusa_features(b["features"])  # (K, B, W, d)
+            return [(net.logits(heads[k][:, : -(k + 1)]), slice(k + 1, None), None, slice(0, None))
+                    for k in range(heads.shape[0])]
+        first = net.eagle(b["features"][:, :-1], b["tokens"][:, 1:])  # ≈ f_{t+1}, t = 0..W-2
+        second = net.eagle(first[:, :-1], b["tokens"][:, 2:])  # ≈ f_{t+2}, fed its own prediction
+        return [(net.logits(first), slice(1, None), first, slice(1, None)),
+                (net.logits(second), slice(2, None), second, slice(2, None))]
+
+    def loss(self, b: dict) -> torch.Tensor:
+        total = 0.0
+        for i, (logits, at, predicted, _) in enumerate(self._outputs(b)):
+            valid = b["valid"][:, at].float()
+            ce = soft_cross_entropy(logits, b["topk_ids"][:, at], b["topk_probs"][:, at], self.to_draft, valid)
+            if self.kind == "medusa":
+                total = total + 0.8**i * ce
+            elif predicted is not None:
+                reg = F.smooth_l1_loss(predicted / self.feature_rms, b["features"][:, at] / self.feature_rms,
+                                       reduction="none").mean(dim=-1)
+                total = total + (reg * valid).sum() / valid.sum().clamp(min=1) + 0.5 * ce
+            else:
+                total = total + ce
+        return total
+
+    @torch.no_grad()
+    def measure(self, b: dict) -> tuple[float, float]:
+        logits, at, _, _ = self._outputs(b)[0]
+        return agreement(logits, b["topk_ids"][:, at], b["topk_probs"][:, at], self.to_draft, self.net.vocab,
+                         b["valid"][:, at].float())
+
+
+def init_from_target(net: DraftNet, model) -> bool:
+    """Start a draft-lm's layers from the target's first layers (Llama layouts whose sizes match):
+    a far better start than random weights. Returns whether it did."""
+    config = model.config
+    if config.model_type != "llama" or net.config.kind != "draft-lm" or net.config.ffn != config.intermediate_size:
+        return False
+    if net.config.heads * net.config.head_dim != config.hidden_size:
+        return False
+    groups = config.num_attention_heads // config.num_key_value_heads
+    with torch.no_grad():
+        for block, layer in zip(net.blocks, model.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+
+            def expand(w):  # (Hkv*hd, d) -> (Hq*hd, d): each key/value head repeated for its query group
+                hd = net.config.head_dim
+                return w.float().view(-1, hd, w.shape[-1]).repeat_interleave(groups, dim=0).reshape(-1, w.shape[-1])
+
+            block.qkv.weight.copy_(torch.cat([attn.q_proj.weight.float(), expand(attn.k_proj.weight),
+                                              expand(attn.v_proj.weight)]))
+            block.o.weight.copy_(attn.o_proj.weight.float())
+            block.attn_norm.weight.copy_(layer.input_layernorm.weight.float())
+            block.mlp_norm.weight.copy_(layer.post_attention_layernorm.weight.float())
+            block.gate_up.weight.copy_(torch.cat([mlp.gate_proj.weight.float(), mlp.up_proj.weight.float()]))
+            block.down.weight.copy_(mlp.down_proj.weight.float())
+        net.norm.weight.copy_(model.model.norm.weight.float())
+    return True
+
+
+def make_config(recipe: TrainRecipe, target) -> DraftConfig:
+    text = target.model.config.get_text_config()
+    d = text.hidden_size
+    gemma = text.model_type.startswith("gemma")
+    return DraftConfig(kind=recipe.kind, d_model=d, layers=recipe.layers, ffn=recipe.ffn,
+                       medusa_heads=recipe.medusa_heads, head_dim=head_dim_for(d),
+                       rope_theta=float(getattr(text, "rope_theta", None) or 10000.0),
+                       embed_scale=d**0.5 if gemma else 1.0, softcap=getattr(text, "final_logit_softcapping", None),
+                       target=target_identity(target))
+
+
+def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: bool = True) -> DraftNet:
+    """Train a drafter of `recipe.kind` for `target` (a LoadedModel) on `data`; returns it in float32."""
+    from tqdm import tqdm
+
+    torch.manual_seed(recipe.seed)
+    model = target.model
+    vocab = draft_vocabulary(data, recipe.vocab_size, target.eos_token_ids)
+    config = make_config(recipe, target)
+    net = build_net(config, vocab, model).float()
+    initialised = init_from_target(net, model)
+    trainable = [p for p in net.parameters() if p.requires_grad]
+    size = sum(p.numel() for p in trainable)
+    covered = mass_covered(data, vocab)
+    log(f"{recipe.kind}: {size / 1e6:.2f} M trained parameters, draft vocabulary {vocab.numel()} ids "
+        f"({covered:.1%} of the target's probability mass){', layers from the target' if initialised else ''}")
+
+    held_out = max(1, data.sequences // 20)
+    train_windows = Windows(data, list(range(data.sequences - held_out)), recipe.window, recipe.seed)
+    eval_windows = Windows(data, list(range(data.sequences - held_out, data.sequences)), recipe.window, recipe.seed + 1)
+    eval_batch = eval_windows.batch(0, fixed=list(range(min(held_out, 48))))
+    feature_rms = float(data.features[: 100_000].float().pow(2).mean().sqrt())
+    objective = Objective(net, feature_rms)
+    optimizer = torch.optim.AdamW(trainable, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+    start = time.perf_counter()
+    budget = recipe.steps if recipe.steps else recipe.minutes * 60.0
+
+    def done_fraction(step: int) -> float:
+        return step / recipe.steps if recipe.steps else (time.perf_counter() - start) / budget
+
+    history: list[dict] = []
+    alpha0, alpha1 = objective.measure(eval_batch)
+    history.append({"step": 0, "alpha_t0": alpha0, "alpha_t1": alpha1})
+    bar = tqdm(total=recipe.steps or int(budget), unit="step" if recipe.steps else "s", desc=f"training {recipe.kind}",
+               file=sys.stderr, disable=not progress)
+    step, smooth, shown = 0, None, 0
+    first_loss = None
+    net.train()
+    while done_fraction(step) < 1.0:
+        fraction = done_fraction(step)
+        scale = min(1.0, (step + 1) / recipe.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, fraction))))
+        for group in optimizer.param_groups:
+            group["lr"] = recipe.lr * scale
+        loss = objective.loss(train_windows.batch(recipe.batch))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        step += 1
+        value = float(loss.detach())
+        first_loss = value if first_loss is None else first_loss
+        smooth = value if smooth is None else 0.95 * smooth + 0.05 * value
+        if step % recipe.eval_every == 0:
+            net.eval()
+            alpha0, alpha1 = objective.measure(eval_batch)
+            net.train()
+            history.append({"step": step, "loss": smooth, "alpha_t0": alpha0, "alpha_t1": alpha1})
+        bar.set_postfix(loss=f"{smooth:.3f}", a_T0=f"{alpha0:.2f}", a_T1=f"{alpha1:.2f}")
+        now = step if recipe.steps else int(time.perf_counter() - start)
+        bar.update(now - shown)
+        shown = now
+    bar.close()
+    net.eval()
+    alpha0, alpha1 = objective.measure(eval_batch)
+    history.append({"step": step, "loss": smooth, "alpha_t0": alpha0, "alpha_t1": alpha1})
+    net.config.recipe = {**asdict(recipe), "trained_parameters": size, "vocab_mass_covered": covered,
+                         "steps_done": step, "seconds": round(time.perf_counter() - start, 1),
+                         "first_loss": first_loss, "final_loss": smooth, "initialised_from_target": initialised,
+                         "history": history}
+    log(f"{recipe.kind}: {step} steps in {time.perf_counter() - start:.0f} s, loss {first_loss:.3f} -> {smooth:.3f}, "
+        f"held-out α (T=0) {alpha0:.3f}, Σmin(p,q) (T=1) {alpha1:.3f}")
+    return net

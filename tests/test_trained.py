@@ -1,0 +1,196 @@
+"""Trained drafters (draft-lm, eagle, medusa): caches equal recomputation, greedy parity and Monte
+Carlo exactness for each kind (drafting over a vocabulary subset), training lowers the loss and
+writes a loadable drafter, and a drafter refuses a target it was not trained for."""
+
+import json
+
+import pytest
+import torch
+
+from specdec.backends import LeanBackend, TransformersBackend
+from specdec.cli import main
+from specdec.config import SamplingParams, SpecConfig
+from specdec.drafters import ModelDrafter, build_drafter
+from specdec.drafters.nets import DraftConfig, DraftNet, KVCache
+from specdec.drafters.trained import DraftLMBackend, EagleDrafter, MedusaDrafter, load_trained_drafter, save_drafter
+from specdec.engine import SpeculativeEngine
+from specdec.errors import SpecdecError
+from specdec.exactness import exact_continuation_law, one_sample_check, sample_continuations
+from specdec.models import load_model
+
+from conftest import tiny_gemma3, tiny_llama
+
+KINDS = ("draft-lm", "eagle", "medusa")
+PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 9, 4, 5, 6, 1, 2]
+
+
+def random_net(kind: str, target, vocab: torch.Tensor, seed: int = 0) -> DraftNet:
+    torch.manual_seed(seed)
+    d = target.config.hidden_size
+    net = DraftNet(DraftConfig(kind, d, head_dim=8, ffn=2 * d, medusa_heads=3), vocab,
+                   target.get_input_embeddings().weight, target.get_output_embeddings().weight[vocab]).eval()
+    if kind == "medusa":  # break the identity start, so heads differ from the target's own head
+        for head in net.medusa:
+            torch.nn.init.normal_(head.weight, std=0.3)
+    return net
+
+
+def random_drafter(kind: str, target, vocab: torch.Tensor, seed: int = 0):
+    """An untrained drafter of `kind` for `target`, drafting only over `vocab` (exactness must not
+    depend on training: any q the tokens are drawn from is fine)."""
+    net = random_net(kind, target, vocab, seed)
+    width = target.get_output_embeddings().weight.shape[0]
+    if kind == "draft-lm":
+        return ModelDrafter(DraftLMBackend(net, width), width)
+    return (EagleDrafter if kind == "eagle" else MedusaDrafter)(net, "test")
+
+
+@pytest.mark.parametrize("kind", ["draft-lm", "eagle"])
+def test_cached_drafting_equals_recomputation(kind):
+    """Writing the cache in pieces, with a rollback in between, gives the full pass's outputs."""
+    net = random_net(kind, tiny_llama(40, seed=0), torch.arange(0, 40, 2))
+    x, f = torch.randint(0, 40, (1, 12)), torch.randn(1, 12, 32)
+    run = (lambda lo, hi, c, s: net.lm(x[:, lo:hi], c, s)) if kind == "draft-lm" else \
+          (lambda lo, hi, c, s: net.eagle(f[:, lo:hi], x[:, lo:hi], c, s))
+    with torch.no_grad():
+        full = run(0, 12, None, 0)
+        cache = KVCache()
+        a, b = run(0, 5, cache, 0), run(5, 9, cache, 5)
+        cache.length = 7  # reject the last two
+        c = run(7, 12, cache, 7)
+    torch.testing.assert_close(torch.cat([a, b[:, :2], c], dim=1), full, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", [LeanBackend, TransformersBackend])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("architecture", ["llama", "gemma3"])
+def test_greedy_parity_each_kind(kind, backend, architecture):
+    target = tiny_llama(40, seed=0) if architecture == "llama" else tiny_gemma3(40, seed=0, sliding_window=8)
+    expected = SpeculativeEngine(backend(target)).generate(
+        PROMPT, SamplingParams(), SpecConfig(gamma=0, max_new_tokens=40)).run().tokens
+    engine = SpeculativeEngine(backend(target), random_drafter(kind, target, torch.arange(0, 40, 2)))
+    for gamma in (1, 3, "auto"):
+        run = engine.generate(PROMPT, SamplingParams(temperature=0), SpecConfig(gamma=gamma, max_new_tokens=40)).run()
+        assert run.tokens == expected, (kind, gamma)
+        assert run.stats.drafted > 0
+
+
+MC_VOCAB, MC_PROMPT = 5, [0, 1, 2, 3, 4, 1]
+
+
+@pytest.mark.parametrize("kind,sampling", [
+    ("draft-lm", SamplingParams(temperature=1.0)),
+    ("eagle", SamplingParams(temperature=1.0)),
+    ("medusa", SamplingParams(temperature=1.0)),
+    ("eagle", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
+])
+def test_monte_carlo_law_each_kind(kind, sampling):
+    """3-token continuations follow the target's exact law, though the draft never proposes id 2."""
+    target = tiny_llama(MC_VOCAB, layers=2, seed=10, init=0.15)
+    drafter = random_drafter(kind, target, torch.tensor([0, 1, 3, 4]), seed=3)
+    law = exact_continuation_law(target, MC_PROMPT, 3, sampling)
+    engine = SpeculativeEngine(TransformersBackend(target), drafter)
+    counts = sample_continuations(engine, MC_PROMPT, 3, sampling, gamma=2, n=2000, seed=1000)
+    check = one_sample_check("3-token law", counts, law, delta=1e-4)
+    assert check.passed, check
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_dirs, tmp_path_factory):
+    """Each kind trained for a few steps on the tiny chat target's self-distillation data."""
+    import os
+
+    from specdec.training.data import DataRecipe, build_data
+    from specdec.training.train import TrainRecipe, train
+
+    root = tmp_path_factory.mktemp("trained")
+    os.environ["SPECDEC_CACHE"] = str(root / "cache")
+    try:
+        target = load_model(str(tiny_dirs["chat"]), "float32")
+        data = build_data(target, DataRecipe(prompts=24, max_new_tokens=16, max_prompt_tokens=24, batch=8, topk=8),
+                          log=lambda _: None)
+        out = {}
+        for kind in KINDS:
+            net = train(target, data, TrainRecipe(kind=kind, layers=1, ffn=64, vocab_size=24, steps=40, batch=8,
+                                                  window=32, lr=3e-3, eval_every=20), log=lambda _: None, progress=False)
+            out[kind] = (net, save_drafter(net, root / kind))
+    finally:
+        del os.environ["SPECDEC_CACHE"]
+    return target, data, out
+
+
+def test_distillation_data_is_consistent(trained):
+    target, data, _ = trained
+    assert data.sequences == 24
+    assert data.features.shape == (data.tokens.numel(), target.model.config.hidden_size)
+    assert data.topk_ids.shape == data.topk_probs.shape == (data.tokens.numel(), 8)
+    assert torch.all(data.topk_probs[:, :-1] >= data.topk_probs[:, 1:])  # sorted, as topk gives them
+    # The recorded features are what the target's head reads: they give back its top token.
+    logits = data.features.float() @ target.model.get_output_embeddings().weight.T.float()
+    agree = (logits.argmax(-1) == data.topk_ids[:, 0]).float().mean()
+    assert agree > 0.97
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_training_lowers_the_loss_and_saves_a_loadable_drafter(trained, kind):
+    target, _, out = trained
+    net, directory = out[kind]
+    recipe = net.config.recipe
+    assert recipe["final_loss"] < recipe["first_loss"], recipe
+    config = json.loads((directory / "config.json").read_text())
+    assert config["kind"] == kind and config["target"]["tokenizer"]
+    drafter = load_trained_drafter(directory, target)
+    prompt = target.encode("hello there, how are you")
+    engine = SpeculativeEngine(LeanBackend(target.model), drafter, target.eos_token_ids)
+    plain = SpeculativeEngine(LeanBackend(target.model), None, target.eos_token_ids)
+    spec = SpecConfig(gamma=3, max_new_tokens=30, stop_at_eos=False)
+    run = engine.generate(prompt, SamplingParams(), spec).run()
+    assert run.tokens == plain.generate(prompt, SamplingParams(), spec).run().tokens
+    assert run.stats.drafted > 0
+
+
+def test_drafter_for_another_target_is_refused(trained, tiny_dirs):
+    _, _, out = trained
+    other = load_model(str(tiny_dirs["long"]), "float32")  # same tokenizer, other weights
+    with pytest.raises(SpecdecError, match="trained for target"):
+        load_trained_drafter(out["eagle"][1], other)
+    alien = load_model(str(tiny_dirs["alien"]), "float32")
+    with pytest.raises(SpecdecError, match="tokenizer differ"):
+        build_drafter(str(out["medusa"][1]), None, alien)
+
+
+def test_cli_train_then_generate(tiny_dirs, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "medusa"
+    args = ["train-drafter", "--target", str(tiny_dirs["chat"]), "--kind", "medusa", "--out", str(out), "--steps", "3",
+            "--prompts", "8", "--max-new-tokens", "8", "--vocab", "16", "--dtype", "float32"]
+    assert main(args) == 0
+    assert main(args) == 1  # will not overwrite without --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["generate", "hello", "--target", str(tiny_dirs["chat"]), "--drafter", str(out), "--dtype", "float32",
+                 "--max-new-tokens", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stats"]["drafter"].startswith("medusa:")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    assert main(["train-drafter", "--target", str(tiny_dirs["chat"]), "--kind", "eagle", "--out", str(tmp_path / "notes"),
+                 "--steps", "1"]) == 1
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
+    assert main(["generate", "hi", "--target", str(tiny_dirs["chat"]), "--drafter", str(tmp_path / "notes")]) == 1
+    assert "not a trained drafter" in capsys.readouterr().err
+
+
+def test_packed_bf16_drafting_matches_unpacked():
+    from specdec.backends.lean import can_pack
+
+    if not can_pack():
+        pytest.skip("this torch build has no oneDNN packed linear")
+    target = tiny_llama(40, seed=0)
+    x, f = torch.randint(0, 40, (1, 6)), torch.randn(1, 6, 32, dtype=torch.bfloat16)
+    for kind in KINDS:
+        net = random_net(kind, target, torch.arange(0, 40, 2)).to(torch.bfloat16)
+        with torch.no_grad():
+            run = {"draft-lm": lambda: net.lm(x), "eagle": lambda: net.logits(net.eagle(f, x)),
+                   "medusa": lambda: net.logits(net.medusa_features(f))}[kind]
+            before = run()
+            net.pack()
+            torch.testing.assert_close(run(), before, atol=0, rtol=0)
