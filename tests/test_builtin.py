@@ -55,3 +55,24 @@ def test_main_job_cli_compare_json():
     assert out["stats"]["new_tokens"] > 0 and out["baseline"]["stats"]["new_tokens"] > 0
     assert out["speedup"] > 0
     assert out["stats"]["accepted"] > 0  # the answer quotes the code, so prompt lookup must hit
+
+
+@pytest.mark.slow
+def test_shipped_trained_drafter_parity_fp32(builtin_model):
+    """The drafter shipped for smollm2-135m loads (in float32 too: the identity check ignores the
+    dtype), drafts, and leaves greedy output unchanged."""
+    from specdec.backends import LeanBackend
+    from specdec.drafters import build_drafter, shipped_drafter
+
+    assert shipped_drafter("smollm2-135m") is not None
+    drafter = build_drafter("trained", None, builtin_model)
+    backend = LeanBackend(builtin_model.model)
+    eos = builtin_model.eos_token_ids
+    plain = SpeculativeEngine(backend, None, eos)
+    spec_engine = SpeculativeEngine(backend, drafter, eos)
+    for text in PROMPTS[:2] + ["Why do we have seasons on Earth?"]:
+        ids = builtin_model.encode(text)
+        expected = plain.generate(ids, SamplingParams(), SpecConfig(gamma=0, max_new_tokens=40)).run().tokens
+        run = spec_engine.generate(ids, SamplingParams(), SpecConfig(gamma=4, max_new_tokens=40)).run()
+        assert run.tokens == expected, text
+        assert run.stats.accepted > 0

@@ -194,3 +194,12 @@ def test_packed_bf16_drafting_matches_unpacked():
             before = run()
             net.pack()
             torch.testing.assert_close(run(), before, atol=0, rtol=0)
+
+
+def test_auto_and_trained_kinds_without_a_shipped_drafter(tiny_dirs):
+    from specdec.drafters import PromptLookupDrafter
+
+    target = load_model(str(tiny_dirs["chat"]), "float32")
+    assert isinstance(build_drafter("auto", None, target), PromptLookupDrafter)
+    with pytest.raises(SpecdecError, match="no trained drafter ships"):
+        build_drafter("trained", None, target)

@@ -66,7 +66,8 @@ def register(sub) -> None:
     bench = sub.add_parser("bench", help="reproduce the paper's experiments on this machine, with peers")
     bench.add_argument("--target", default="smollm2-135m")
     bench.add_argument("--drafter", action="append", default=[],
-                       help="prompt-lookup, ngram:FILE or model:NAME_OR_DIR; repeatable (default: prompt-lookup)")
+                       help="prompt-lookup, ngram:FILE, model:NAME_OR_DIR, trained[:DIR] or a trained drafter DIR; "
+                            "repeatable (default: prompt-lookup)")
     bench.add_argument("--tasks", type=_list, default=list(TASKS), help="comma-separated (default: all)")
     bench.add_argument("--temperatures", type=lambda t: _list(t, float), default=[0.0, 1.0])
     bench.add_argument("--gammas", type=lambda t: _list(t, SpecConfig.parse_gamma), default=[1, 2, 4, 8, "auto"])

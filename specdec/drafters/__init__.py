@@ -20,6 +20,8 @@ __all__ = ["Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "NGramTable", 
 
 def shipped_drafter(target_name: str) -> Path | None:
     """The trained drafter shipped in the package for a built-in target, if there is one."""
+    if not target_name or Path(target_name).name != target_name:  # a directory or hub id: nothing ships
+        return None
     path = SHIPPED_DIR / target_name
     return path if is_trained_drafter(path) else None
 

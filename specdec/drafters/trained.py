@@ -33,7 +33,14 @@ CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
 
 def is_trained_drafter(path: str | Path) -> bool:
-    return (Path(path) / CONFIG_FILE).is_file() and (Path(path) / WEIGHTS_FILE).is_file()
+    """A directory with a drafter's config (it names a kind; a model's config does not) and weights."""
+    config, weights = Path(path) / CONFIG_FILE, Path(path) / WEIGHTS_FILE
+    if not (config.is_file() and weights.is_file()):
+        return False
+    try:
+        return "kind" in json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def target_tables(model, vocab: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

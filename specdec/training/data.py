@@ -146,10 +146,12 @@ def _teacher(model, sequences: list[list[int]], topk: int, batch: int, progress)
         mask = torch.tensor([[1] * len(sequences[i]) + [0] * (width - len(sequences[i])) for i in index])
         with torch.inference_mode():
             out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, use_cache=False)
-            top = out.logits.float().softmax(dim=-1).topk(min(topk, out.logits.shape[-1]), dim=-1)
+            logits = out.logits.float()
+            top = logits.topk(min(topk, logits.shape[-1]), dim=-1)  # softmax keeps the order: top-k of the logits
+            top_probs = (top.values - logits.logsumexp(dim=-1, keepdim=True)).exp()
         for row, i in enumerate(index):
             n = len(sequences[i])
-            results[i] = (out.hidden_states[-1][row, :n].to(torch.bfloat16), top.indices[row, :n], top.values[row, :n])
+            results[i] = (out.hidden_states[-1][row, :n].to(torch.bfloat16), top.indices[row, :n], top_probs[row, :n])
         progress(len(index))
     for i in range(len(sequences)):
         f, k, p = results[i]

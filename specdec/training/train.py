@@ -29,7 +29,7 @@ from ..drafters.trained import build_net
 from ..models import target_identity
 from .data import DistillData
 
-SIZES = {"s": dict(layers=1, ffn=1024), "m": dict(layers=2, ffn=1536), "l": dict(layers=4, ffn=1536)}
+SIZES = {"s": dict(layers=1, ffn=1536), "m": dict(layers=2, ffn=1536), "l": dict(layers=4, ffn=1536)}
 """draft-lm sizes for the draft-size experiment (eagle uses one layer of ffn 1536; medusa 4 heads)."""
 
 
