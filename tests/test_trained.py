@@ -104,6 +104,7 @@ def trained(tiny_dirs, tmp_path_factory):
     from specdec.training.train import TrainRecipe, train
 
     root = tmp_path_factory.mktemp("trained")
+    before = os.environ.get("SPECDEC_CACHE")
     os.environ["SPECDEC_CACHE"] = str(root / "cache")
     try:
         target = load_model(str(tiny_dirs["chat"]), "float32")
@@ -115,7 +116,10 @@ def trained(tiny_dirs, tmp_path_factory):
                                                   window=32, lr=3e-3, eval_every=20), log=lambda _: None, progress=False)
             out[kind] = (net, save_drafter(net, root / kind))
     finally:
-        del os.environ["SPECDEC_CACHE"]
+        if before is None:
+            del os.environ["SPECDEC_CACHE"]
+        else:
+            os.environ["SPECDEC_CACHE"] = before
     return target, data, out
 
 

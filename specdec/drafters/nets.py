@@ -246,7 +246,3 @@ class DraftNet(nn.Module):
     def medusa_features(self, features: torch.Tensor) -> torch.Tensor:
         """medusa: (..., d) features f_t -> (K, ..., d); head k's output gives x_{t+1+k}'s logits."""
         return torch.stack([features + F.silu(head(features)) for head in self.medusa])
-
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        """What is saved: the trained weights and the draft vocabulary (not the target's tables)."""
-        return {k: v for k, v in self.state_dict().items() if k not in ("embed", "head")}

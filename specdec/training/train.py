@@ -122,23 +122,22 @@ class Objective:
         self.to_draft = torch.full((width,), -1, dtype=torch.long)
         self.to_draft[net.vocab] = torch.arange(net.vocab.numel())
 
-    def _outputs(self, b: dict) -> list[tuple[torch.Tensor, slice, torch.Tensor | None, slice]]:
-        """(logits, target positions, predicted features or None, their input positions) per output."""
+    def _outputs(self, b: dict) -> list[tuple[torch.Tensor, slice, torch.Tensor | None]]:
+        """(logits, the positions they predict, eagle's predicted features or None) per output."""
         net = self.net
         if self.kind == "draft-lm":
-            return [(net.lm(b["tokens"]), slice(0, None), None, slice(0, None))]
+            return [(net.lm(b["tokens"]), slice(0, None), None)]
         if self.kind == "medusa":
             heads = net.medusa_features(b["features"])  # (K, B, W, d)
-            return [(net.logits(heads[k][:, : -(k + 1)]), slice(k + 1, None), None, slice(0, None))
+            return [(net.logits(heads[k][:, : -(k + 1)]), slice(k + 1, None), None)
                     for k in range(heads.shape[0])]
         first = net.eagle(b["features"][:, :-1], b["tokens"][:, 1:])  # ≈ f_{t+1}, t = 0..W-2
         second = net.eagle(first[:, :-1], b["tokens"][:, 2:])  # ≈ f_{t+2}, fed its own prediction
-        return [(net.logits(first), slice(1, None), first, slice(1, None)),
-                (net.logits(second), slice(2, None), second, slice(2, None))]
+        return [(net.logits(first), slice(1, None), first), (net.logits(second), slice(2, None), second)]
 
     def loss(self, b: dict) -> torch.Tensor:
         total = 0.0
-        for i, (logits, at, predicted, _) in enumerate(self._outputs(b)):
+        for i, (logits, at, predicted) in enumerate(self._outputs(b)):
             valid = b["valid"][:, at].float()
             ce = soft_cross_entropy(logits, b["topk_ids"][:, at], b["topk_probs"][:, at], self.to_draft, valid)
             if self.kind == "medusa":
@@ -153,7 +152,7 @@ class Objective:
 
     @torch.no_grad()
     def measure(self, b: dict) -> tuple[float, float]:
-        logits, at, _, _ = self._outputs(b)[0]
+        logits, at, _ = self._outputs(b)[0]
         return agreement(logits, b["topk_ids"][:, at], b["topk_probs"][:, at], self.to_draft, self.net.vocab,
                          b["valid"][:, at].float())
 
