@@ -58,7 +58,9 @@ class SpecDec:
     """A target model with a drafter, ready to generate.
 
     target: a built-in name (smollm2-135m, gemma3-270m), a local directory or a hub id.
-    drafter: prompt-lookup, ngram (draft = table file), model (draft = model name), none.
+    drafter: prompt-lookup, ngram (draft = table file), model (draft = model name), trained (draft =
+    a trained drafter's directory; default: the one shipped for the target), auto, none, or the
+    directory of a trained drafter.
     backend: auto (the lean forward pass where the architecture is known, else transformers),
     lean or transformers.
     """
