@@ -53,6 +53,12 @@ def can_pack() -> bool:
         return False
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """RoPE: x·cos + rotate_half(x)·sin, with rotate_half's minus already in signed_sin."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed_sin
+
+
 def supports(model) -> bool:
     return getattr(model.config, "model_type", None) in SUPPORTED
 
@@ -151,12 +157,6 @@ class LeanBackend(Backend):
             new_v[i][:, :old] = self.v_cache[i][:, :old]
         self.k_cache, self.v_cache, self._capacity = new_k, new_v, capacity
 
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-        """RoPE: x·cos + rotate_half(x)·sin, with rotate_half's minus already in signed_sin."""
-        half = x.shape[-1] // 2
-        return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed_sin
-
     def _reset(self) -> None:
         pass  # positions are overwritten; nothing to free
 
@@ -193,7 +193,7 @@ class LeanBackend(Backend):
             if self.gemma:
                 q, k = self._rms(q, layer.norms["q"]), self._rms(k, layer.norms["k"])
             cos, sin = rope[layer.rope]
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             self.k_cache[i][:, start:end] = k
             self.v_cache[i][:, start:end] = v
             keys, values = self.k_cache[i][:, lo:end], self.v_cache[i][:, lo:end]  # (Hkv, end - lo, hd)

@@ -29,6 +29,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..backends.lean import rotate
+
 KINDS = ("draft-lm", "eagle", "medusa")
 
 
@@ -88,11 +90,6 @@ class Rotary:
         return self.cos[:end], self.sin[:end]
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * signed_sin
-
-
 class KVCache:
     """Per-layer keys and values of one sequence, written by position; rollback moves `length`."""
 
@@ -135,7 +132,7 @@ class Block(nn.Module):
         b, t, _ = x.shape
         qkv = self.qkv(self.attn_norm(x)).view(b, t, 3, self.heads, self.head_dim)
         q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (B, H, T, hd)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if cache is None:
             attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
