@@ -1,5 +1,6 @@
-"""Issue 7 benchmark: one target step (1 and 8 positions) against the machine's memory bound, lean
-vs transformers, and plain decoding tokens/s against transformers' generate(). bf16, side by side.
+"""Issue 7 benchmark: one target step (1 and 8 positions) against the machine's memory bound and its
+multiply-add floor, for the lean backend on kernels.cpp, the lean backend on oneDNN and transformers;
+and plain decoding tokens/s against transformers' generate(). bf16, side by side, interleaved.
 
     .venv/bin/python scripts/bench_step.py [--target smollm2-135m] [--repeats 30]
 """
@@ -10,7 +11,7 @@ import time
 
 import torch
 
-from specdec.backends import LeanBackend, TransformersBackend
+from specdec.backends import LeanBackend, TransformersBackend, kernels
 from specdec.bench.peers import hf_generate
 from specdec.bench.prompts import task_prompts
 from specdec.config import SamplingParams, SpecConfig
@@ -28,6 +29,22 @@ def bandwidth(size_mb: int = 512, repeats: int = 10) -> tuple[float, float]:
         t = time.perf_counter(); dst.copy_(src); copies.append(time.perf_counter() - t)
     nbytes = src.numel() * 4
     return nbytes / min(reads) / 1e9, 2 * nbytes / min(copies) / 1e9
+
+
+def multiply_add_rate(kern, rows: int = 16, repeats: int = 30) -> float:
+    """Multiply-adds per second of the bf16 linear kernel on a cache-resident matrix: the compute
+    ceiling a step of `rows` positions meets once it is no longer waiting on memory."""
+    w = torch.randn(1024, 576).to(torch.bfloat16)
+    x = torch.randn(rows, 576).to(torch.bfloat16)
+    kern.linear(x, w)
+    best = min(_timed(lambda: kern.linear(x, w)) for _ in range(repeats))
+    return rows * w.numel() / best
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def step_times(backend, context: torch.Tensor, positions: int, repeats: int) -> list[float]:
@@ -56,21 +73,31 @@ def main() -> None:
           f"memory bound of one step {bound_ms:.1f} ms")
     context = torch.tensor(loaded.tokenizer("The quick brown fox jumps over the lazy dog. " * 20)["input_ids"][:200])
     t0 = time.perf_counter()
+    kern = kernels.load()
+    print(f"kernels.cpp: {'loaded' if kern else 'unavailable: ' + str(kernels.unavailable_reason())} in "
+          f"{time.perf_counter() - t0:.1f} s (a first build on a machine takes ~30 s, then it is cached)")
+    params = weight_bytes // 2
+    if kern:
+        rate = multiply_add_rate(kern)
+        print(f"bf16 multiply-add rate {rate / 1e9:.0f} G/s: a step of 8 positions needs at least "
+              f"{8 * params / rate * 1e3:.1f} ms of arithmetic")
+    t0 = time.perf_counter()
     lean = LeanBackend(loaded.model)
     lean.forward(context[:4])
     print(f"lean backend set-up and first call: {time.perf_counter() - t0:.2f} s")
-    backends = {"lean": lean, "transformers": TransformersBackend(loaded.model)}
+    backends = {lean.path: lean, "lean (oneDNN)": LeanBackend(loaded.model, use_kernels=False),
+                "transformers": TransformersBackend(loaded.model)}
     for positions in (1, 8):
         rows = {}
         for name, backend in backends.items():
             step_times(backend, context, positions, 3)  # warm-up
-        for _ in range(2):  # interleave the two backends
+        for _ in range(3):  # interleave the backends
             for name, backend in backends.items():
-                rows.setdefault(name, []).extend(step_times(backend, context, positions, args.repeats // 2))
+                rows.setdefault(name, []).extend(step_times(backend, context, positions, args.repeats // 3))
         for name, times in rows.items():
             med = statistics.median(times) * 1e3
             q = statistics.quantiles(times, n=4)
-            print(f"{positions} position(s), {name:12s}: median {med:.1f} ms (IQR {q[0]*1e3:.1f}-{q[2]*1e3:.1f}), "
+            print(f"{positions} position(s), {name:14s}: median {med:.1f} ms (IQR {q[0]*1e3:.1f}-{q[2]*1e3:.1f}), "
                   f"{med / bound_ms:.2f}x the memory bound")
     prompts = [p.text for task in ("code", "chat") for p in task_prompts(task, 2, seed=0)]
     ratios = []
@@ -82,7 +109,7 @@ def main() -> None:
         ours = run.stats.tokens_per_second
         theirs = len(tokens) / seconds
         ratios.append(ours / theirs)
-        print(f"plain decoding: lean {ours:.1f} tok/s vs transformers generate() {theirs:.1f} tok/s ({ours / theirs:.2f}x); "
+        print(f"plain decoding: {lean.path} {ours:.1f} tok/s vs transformers generate() {theirs:.1f} tok/s ({ours / theirs:.2f}x); "
               f"identical: {run.tokens == tokens}")
     print(f"plain decoding speedup over generate(): median {statistics.median(ratios):.2f}x "
           f"(min {min(ratios):.2f}, max {max(ratios):.2f})")

@@ -1,0 +1,326 @@
+// CPU kernels for the lean backend's bfloat16 decode step (built on first use by kernels.py).
+//
+// At batch size one a target step reads every weight once and does almost no arithmetic, so it
+// should run at the speed of memory. oneDNN's general GEMM does not for a handful of rows (~14 GB/s
+// on the 1-8 row shapes of a small model, 2 cores), and each small elementwise op dispatched from
+// Python costs more than its arithmetic. These kernels do one job each:
+//
+//   linear     x @ w.T for a few rows x, weights in their natural (N, K) bf16 layout, AVX-512 BF16
+//              dot products (vdpbf16ps: exact bf16 products summed in fp32), optional residual add;
+//   rms_norm   RMSNorm in fp32 with the rounding points of Llama's and Gemma's modules;
+//   attend     split a fused QKV row block, Gemma's q/k norms, RoPE, the KV cache write at the
+//              positions, and causal (optionally sliding-window) attention with grouped KV heads;
+//   act_mul    act(gate) * up on a fused gate/up block.
+//
+// Rounding follows the transformers modules (bf16 after each op they do in bf16), so the logits
+// agree with transformers' within bf16 tolerance; tests/test_lean.py checks that.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#define SPECDEC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+
+namespace {
+
+using bf16 = at::BFloat16;
+
+inline float round_bf16(float v) { return static_cast<float>(bf16(v)); }
+
+SPECDEC_AVX512 inline __m512bh load_bf16(const bf16* p, __mmask32 mask) {
+  return (__m512bh)_mm512_maskz_loadu_epi16(mask, p);
+}
+
+SPECDEC_AVX512 inline __m512 widen(const bf16* p, __mmask16 mask) {  // 16 bf16 -> 16 fp32
+  __m256i raw = _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+inline __mmask32 mask32(int64_t left) { return left >= 32 ? ~__mmask32(0) : ((__mmask32(1) << left) - 1); }
+inline __mmask16 mask16(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
+
+#ifndef PREFETCH_ROWS
+#define PREFETCH_ROWS 16
+#endif
+
+// out[m * NT + n] = sum_k x[m, k] * w[n, k] for an MT x NT tile; w rows are contiguous (stride K).
+// vdpbf16ps multiplies bf16 pairs exactly and sums in fp32; only the order of the sum differs from
+// oneDNN's. (fp32 FMAs on weights widened by shift/mask were measured too: no faster here; both
+// reach this machine's multiply-add peak from 8 rows on.)
+template <int MT, int NT>
+SPECDEC_AVX512 void dot_tile(const bf16* x, int64_t ldx, const bf16* w, int64_t K, float* out) {
+  __m512 acc[MT][NT];
+  for (int m = 0; m < MT; ++m)
+    for (int n = 0; n < NT; ++n) acc[m][n] = _mm512_setzero_ps();
+  // The weights stream from memory once: fetch the lines PREFETCH_ROWS rows ahead of these
+  // (measured: one step's matrices take 13 ms instead of 20 without it).
+  const bf16* ahead = w + PREFETCH_ROWS * K;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    __m512bh wv[NT];
+    for (int n = 0; n < NT; ++n) {
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + n * K + k), _MM_HINT_T0);
+      wv[n] = (__m512bh)_mm512_loadu_si512(w + n * K + k);
+    }
+    for (int m = 0; m < MT; ++m) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * ldx + k);
+      for (int n = 0; n < NT; ++n) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xv, wv[n]);
+    }
+  }
+  if (k < K) {  // a last partial chunk, zero-filled
+    const __mmask32 mask = mask32(K - k);
+    __m512bh wv[NT];
+    for (int n = 0; n < NT; ++n) wv[n] = load_bf16(w + n * K + k, mask);
+    for (int m = 0; m < MT; ++m) {
+      const __m512bh xv = load_bf16(x + m * ldx + k, mask);
+      for (int n = 0; n < NT; ++n) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], xv, wv[n]);
+    }
+  }
+  for (int m = 0; m < MT; ++m)
+    for (int n = 0; n < NT; ++n) out[m * NT + n] = _mm512_reduce_add_ps(acc[m][n]);
+}
+
+using TileFn = void (*)(const bf16*, int64_t, const bf16*, int64_t, float*);
+
+template <int NT>
+TileFn tile_for(int64_t mt) {
+  switch (mt) {
+    case 1: return dot_tile<1, NT>;
+    case 2: return dot_tile<2, NT>;
+    case 3: return dot_tile<3, NT>;
+    default: return dot_tile<4, NT>;
+  }
+}
+
+void check_bf16(const at::Tensor& t, const char* name, int64_t dims) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kBFloat16, name, " must be a bfloat16 CPU tensor");
+  TORCH_CHECK(t.dim() == dims && t.is_contiguous(), name, " must be a contiguous ", dims, "-d tensor");
+}
+
+// x (M, K) @ w (N, K).T [+ residual (M, N)] -> (M, N) bf16. Rounds the product to bf16 before the
+// residual add, as `h + linear(x)` does in bf16.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& residual) {
+  check_bf16(x, "x", 2);
+  check_bf16(w, "w", 2);
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(w.size(1) == K, "x has ", K, " columns but w has ", w.size(1));
+  const bf16* res = nullptr;
+  if (residual.has_value()) {
+    check_bf16(*residual, "residual", 2);
+    TORCH_CHECK(residual->size(0) == M && residual->size(1) == N, "residual must be (M, N)");
+    res = residual->data_ptr<bf16>();
+  }
+  at::Tensor out = at::empty({M, N}, x.options());
+  const bf16* xp = x.data_ptr<bf16>();
+  const bf16* wp = w.data_ptr<bf16>();
+  bf16* op = out.data_ptr<bf16>();
+  constexpr int64_t NT = 4;
+  const int64_t blocks = (N + NT - 1) / NT;
+  at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
+    float tile[4 * NT];
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t n0 = b * NT, nt = std::min(NT, N - n0);
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        const int64_t mt = std::min<int64_t>(4, M - m0);
+        if (nt == NT) {
+          tile_for<4>(mt)(xp + m0 * K, K, wp + n0 * K, K, tile);
+        } else {
+          for (int64_t n = 0; n < nt; ++n) {
+            float column[4];
+            tile_for<1>(mt)(xp + m0 * K, K, wp + (n0 + n) * K, K, column);
+            for (int64_t m = 0; m < mt; ++m) tile[m * NT + n] = column[m];
+          }
+        }
+        for (int64_t m = 0; m < mt; ++m)
+          for (int64_t n = 0; n < nt; ++n) {
+            float v = tile[m * NT + n];
+            const int64_t at = (m0 + m) * N + n0 + n;
+            if (res) v = round_bf16(v) + static_cast<float>(res[at]);
+            op[at] = bf16(v);
+          }
+      }
+    }
+  });
+  return out;
+}
+
+// One row of RMSNorm: Gemma (weight_f32 = 1 + w): bf16(x * r * weight); Llama (bf16 weight):
+// bf16(weight * bf16(x * r)), with r = 1 / sqrt(mean(x^2) + eps), all in fp32.
+void rms_row(const bf16* x, int64_t K, const float* gemma_w, const bf16* llama_w, double eps, bf16* out) {
+  float ss = 0.f;
+  for (int64_t k = 0; k < K; ++k) {
+    const float v = static_cast<float>(x[k]);
+    ss += v * v;
+  }
+  const float r = 1.f / std::sqrt(ss / static_cast<float>(K) + static_cast<float>(eps));
+  if (gemma_w) {
+    for (int64_t k = 0; k < K; ++k) out[k] = bf16(static_cast<float>(x[k]) * r * gemma_w[k]);
+  } else {
+    for (int64_t k = 0; k < K; ++k) out[k] = bf16(static_cast<float>(llama_w[k]) * round_bf16(static_cast<float>(x[k]) * r));
+  }
+}
+
+// x (M, K) bf16; weight (K,) fp32 for Gemma's (1 + w) form, bf16 for Llama's.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_bf16(x, "x", 2);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == x.size(1) && weight.is_contiguous(), "weight must be (K,)");
+  const bool gemma = weight.scalar_type() == at::kFloat;
+  TORCH_CHECK(gemma || weight.scalar_type() == at::kBFloat16, "weight must be float32 (Gemma) or bfloat16 (Llama)");
+  at::Tensor out = at::empty_like(x);
+  const int64_t M = x.size(0), K = x.size(1);
+  for (int64_t m = 0; m < M; ++m)
+    rms_row(x.data_ptr<bf16>() + m * K, K, gemma ? weight.data_ptr<float>() : nullptr,
+            gemma ? nullptr : weight.data_ptr<bf16>(), eps, out.data_ptr<bf16>() + m * K);
+  return out;
+}
+
+// RoPE on one head vector, rounding like transformers' bf16 `x * cos + rotate_half(x) * sin`
+// (signed_sin carries rotate_half's minus).
+void rope_row(const bf16* x, const bf16* cos, const bf16* signed_sin, int64_t hd, bf16* out) {
+  const int64_t half = hd / 2;
+  for (int64_t j = 0; j < hd; ++j) {
+    const float partner = static_cast<float>(x[j < half ? j + half : j - half]);
+    const float a = round_bf16(static_cast<float>(x[j]) * static_cast<float>(cos[j]));
+    const float b = round_bf16(partner * static_cast<float>(signed_sin[j]));
+    out[j] = bf16(a + b);
+  }
+}
+
+// exp(x) for x <= 0 (softmax after subtracting the maximum): 2^n * 2^f with n = round(x log2 e),
+// |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (relative error ~1e-8), scaled by vscalefps.
+SPECDEC_AVX512 inline __m512 exp_ps(__m512 x) {
+  static constexpr float kCoef[] = {1.f, 0.6931471805599453f, 0.2402265069591007f, 0.05550410866482158f,
+                                    0.009618129107628477f, 0.0013333558146428443f, 0.00015403530393381606f,
+                                    1.525273380405984e-05f};
+  const __m512 t = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-100.f)), _mm512_set1_ps(1.4426950408889634f));
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(kCoef[7]);
+  for (int i = 6; i >= 0; --i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kCoef[i]));
+  return _mm512_scalef_ps(p, n);
+}
+
+// q (hd,) against keys [lo, hi] of one KV head; writes bf16 softmax(q k^T * scale) v to out.
+SPECDEC_AVX512 void attend_row(const bf16* q, const bf16* keys, const bf16* values, int64_t lo, int64_t hi,
+                               int64_t hd, float scale, std::vector<float>& scores, bf16* out) {
+  const int64_t count = hi - lo + 1;
+  scores.resize(count);
+  float top = -INFINITY;
+  for (int64_t j = 0; j < count; ++j) {
+    const bf16* key = keys + (lo + j) * hd;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t k = 0; k < hd; k += 32) {
+      const __mmask32 mask = mask32(hd - k);
+      acc = _mm512_dpbf16_ps(acc, load_bf16(q + k, mask), load_bf16(key + k, mask));
+    }
+    scores[j] = _mm512_reduce_add_ps(acc) * scale;
+    top = std::max(top, scores[j]);
+  }
+  __m512 sums = _mm512_setzero_ps();
+  for (int64_t j = 0; j < count; j += 16) {
+    const __mmask16 mask = mask16(count - j);
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores.data() + j), _mm512_set1_ps(top)));
+    _mm512_mask_storeu_ps(scores.data() + j, mask, e);
+    sums = _mm512_add_ps(sums, _mm512_maskz_mov_ps(mask, e));
+  }
+  const float inv = 1.f / _mm512_reduce_add_ps(sums);
+  for (int64_t k = 0; k < hd; k += 16) {
+    const __mmask16 mask = mask16(hd - k);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < count; ++j)
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), widen(values + (lo + j) * hd + k, mask), acc);
+    acc = _mm512_mul_ps(acc, _mm512_set1_ps(inv));
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, acc);
+    for (int64_t i = 0; i < 16 && k + i < hd; ++i) out[k + i] = bf16(lanes[i]);
+  }
+}
+
+// qkv (n, (Hq + 2 Hkv) hd) -> attention output (n, Hq hd). Writes the rotated keys and the values
+// of positions start..start+n-1 into the caches (Hkv, capacity, hd). window = 0: full attention.
+at::Tensor attend(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, const at::Tensor& cos,
+                  const at::Tensor& signed_sin, at::Tensor& k_cache, at::Tensor& v_cache, int64_t start,
+                  int64_t window, double scale, const c10::optional<at::Tensor>& q_norm,
+                  const c10::optional<at::Tensor>& k_norm, double eps) {
+  check_bf16(qkv, "qkv", 2);
+  check_bf16(cos, "cos", 2);
+  check_bf16(signed_sin, "signed_sin", 2);
+  check_bf16(k_cache, "k_cache", 3);
+  check_bf16(v_cache, "v_cache", 3);
+  const int64_t n = qkv.size(0), hd = k_cache.size(2), capacity = k_cache.size(1);
+  TORCH_CHECK(qkv.size(1) == (n_heads + 2 * n_kv) * hd, "qkv width does not match the heads");
+  TORCH_CHECK(n_heads % n_kv == 0 && hd % 2 == 0, "heads must group evenly, head_dim must be even");
+  TORCH_CHECK(start + n <= capacity && cos.size(0) >= start + n && cos.size(1) == hd, "cache or RoPE table too short");
+  const float* qn = q_norm.has_value() ? q_norm->data_ptr<float>() : nullptr;
+  const float* kn = k_norm.has_value() ? k_norm->data_ptr<float>() : nullptr;
+  const bf16* src = qkv.data_ptr<bf16>();
+  const bf16* cp = cos.data_ptr<bf16>();
+  const bf16* sp = signed_sin.data_ptr<bf16>();
+  bf16* kc = k_cache.data_ptr<bf16>();
+  bf16* vc = v_cache.data_ptr<bf16>();
+  const int64_t width = qkv.size(1);
+  at::Tensor q = at::empty({n, n_heads * hd}, qkv.options());
+  bf16* qp = q.data_ptr<bf16>();
+  std::vector<bf16> normed(hd);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t pos = start + i;
+    const bf16* row = src + i * width;
+    for (int64_t h = 0; h < n_heads + n_kv; ++h) {
+      const bool is_q = h < n_heads;
+      const bf16* head = row + h * hd;
+      const float* norm = is_q ? qn : kn;
+      if (norm) {
+        rms_row(head, hd, norm, nullptr, eps, normed.data());
+        head = normed.data();
+      }
+      bf16* dst = is_q ? qp + i * n_heads * hd + h * hd : kc + ((h - n_heads) * capacity + pos) * hd;
+      rope_row(head, cp + pos * hd, sp + pos * hd, hd, dst);
+    }
+    for (int64_t h = 0; h < n_kv; ++h)
+      std::copy(row + (n_heads + n_kv + h) * hd, row + (n_heads + n_kv + h + 1) * hd, vc + (h * capacity + pos) * hd);
+  }
+  at::Tensor out = at::empty({n, n_heads * hd}, qkv.options());
+  bf16* o = out.data_ptr<bf16>();
+  const int64_t group = n_heads / n_kv;
+  const int64_t grain = std::max<int64_t>(1, 4096 / (start + n));  // rows per thread: a few thousand keys
+  at::parallel_for(0, n_heads * n, grain, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t h = t / n, i = t % n, pos = start + i, kv = h / group;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      attend_row(qp + i * n_heads * hd + h * hd, kc + kv * capacity * hd, vc + kv * capacity * hd, lo, pos, hd,
+                 static_cast<float>(scale), scores, o + i * n_heads * hd + h * hd);
+    }
+  });
+  return out;
+}
+
+// gate_up (n, 2F) -> act(gate) * up (n, F), rounding each op to bf16 as the modules do.
+at::Tensor act_mul(const at::Tensor& gate_up, bool gelu_tanh) {
+  check_bf16(gate_up, "gate_up", 2);
+  const int64_t F = gate_up.size(1) / 2;
+  at::Tensor gate = gate_up.narrow(1, 0, F), up = gate_up.narrow(1, F, F);
+  return (gelu_tanh ? at::gelu(gate, "tanh") : at::silu(gate)).mul_(up);
+}
+
+bool supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("supported", &supported, "whether this CPU has the AVX-512 BF16 instructions the kernels use");
+  m.def("linear", &linear, "x @ w.T (+ residual) for a few bf16 rows", py::arg("x"), py::arg("w"),
+        py::arg("residual") = py::none());
+  m.def("rms_norm", &rms_norm, "RMSNorm with Llama's or Gemma's rounding", py::arg("x"), py::arg("weight"),
+        py::arg("eps"));
+  m.def("attend", &attend, "QKV split, q/k norm, RoPE, KV cache write and causal attention");
+  m.def("act_mul", &act_mul, "act(gate) * up", py::arg("gate_up"), py::arg("gelu_tanh"));
+}
