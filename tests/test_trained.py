@@ -207,3 +207,35 @@ def test_auto_and_trained_kinds_without_a_shipped_drafter(tiny_dirs):
     assert isinstance(build_drafter("auto", None, target), PromptLookupDrafter)
     with pytest.raises(SpecdecError, match="no trained drafter ships"):
         build_drafter("trained", None, target)
+
+
+def test_kernel_drafting_matches_aten_drafting():
+    """In bf16 the nets draft on the lean backend's kernels.cpp: same logits as the ATen path within
+    bf16 rounding, through a KV cache written in steps of several positions and of one."""
+    from specdec.backends import kernels
+    from specdec.drafters.nets import KVCache
+
+    kern = kernels.load()
+    if kern is None:
+        pytest.skip(f"kernels.cpp unavailable here: {kernels.unavailable_reason()}")
+    target = tiny_llama(40, seed=0)
+    x, f = torch.randint(0, 40, (1, 7)), torch.randn(1, 7, 32, dtype=torch.bfloat16)
+    for kind in KINDS:
+        net = random_net(kind, target, torch.arange(0, 40, 2)).to(torch.bfloat16)
+        fast = random_net(kind, target, torch.arange(0, 40, 2)).to(torch.bfloat16)
+        fast.load_state_dict(net.state_dict())
+        fast.use_kernels(kern)
+        caches = {id(net): KVCache(), id(fast): KVCache()}
+
+        def run(model, lo, hi):
+            cache = caches[id(model)]
+            if kind == "draft-lm":
+                return model.lm(x[:, lo:hi], cache, lo)
+            if kind == "eagle":
+                return model.logits(model.eagle(f[:, lo:hi], x[:, lo:hi], cache, lo))
+            return model.logits(model.medusa_features(f[0, lo:hi]))
+
+        with torch.inference_mode():
+            for lo, hi in ((0, 4), (4, 5), (5, 7)):
+                a, b = run(fast, lo, hi).float(), run(net, lo, hi).float()
+                assert (a - b).abs().max() <= 0.05 * max(1.0, b.abs().max()), (kind, lo, (a - b).abs().max())

@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..backends.lean import rotate
+from ..backends.lean import KERNEL_ROWS, rotate
 
 KINDS = ("draft-lm", "eagle", "medusa")
 
@@ -148,6 +148,18 @@ class Block(nn.Module):
         gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
 
+    def step(self, kern, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
+             start: int) -> torch.Tensor:
+        """forward() for drafting on the lean backend's kernels.cpp: h (T, d) bf16 at positions
+        start.., cos/sin the whole tables from position 0; writes the cache the same way."""
+        eps = self.attn_norm.eps
+        qkv = kern.linear(kern.rms_norm(h, self.attn_norm.weight, eps), self.qkv.weight)
+        attn = kern.attend(qkv, self.heads, self.heads, cos, sin, cache.k[layer], cache.v[layer], start, 0,
+                           self.head_dim ** -0.5, None, None, eps)
+        h = kern.linear(attn, self.o.weight, h)
+        gated = kern.act_mul(kern.linear(kern.rms_norm(h, self.mlp_norm.weight, eps), self.gate_up.weight), False)
+        return kern.linear(gated, self.down.weight, h)
+
 
 class PackedLinear(nn.Module):
     """An nn.Linear with its bfloat16 weight pre-packed for oneDNN, as the lean backend does:
@@ -175,6 +187,7 @@ class DraftNet(nn.Module):
         self.register_buffer("head", head.detach(), persistent=False)  # (|S|, d): target LM-head rows of S
         self.rotary = Rotary(config.head_dim, config.rope_theta)
         self.head_linear: nn.Module | None = None  # the packed head, after pack()
+        self.kernels = None  # kernels.cpp, after use_kernels()
         if config.kind == "draft-lm":
             self.blocks = nn.ModuleList(Block(d, config.heads, config.head_dim, config.ffn) for _ in range(config.layers))
             self.norm = nn.RMSNorm(d, eps=1e-6)
@@ -205,7 +218,31 @@ class DraftNet(nn.Module):
         self.head_linear = PackedLinear(self.head, None)
         return self
 
+    def use_kernels(self, kern) -> "DraftNet":
+        """Draft (bf16, one sequence, a few positions) on the lean backend's kernels.cpp, as the
+        target does: the same arithmetic up to the order of fp32 sums and rounding points."""
+        self.kernels = kern
+        return self
+
+    def _fast(self, x: torch.Tensor) -> bool:
+        """Whether x (1, T, ...) is a drafting step the kernels take."""
+        return (self.kernels is not None and x.dtype == torch.bfloat16 and x.dim() == 3 and x.shape[0] == 1
+                and x.shape[1] <= KERNEL_ROWS)
+
+    def _dense(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        if not self._fast(x):
+            return layer(x)
+        out = self.kernels.linear(x[0].contiguous(), layer.weight)
+        return (out if layer.bias is None else out + layer.bias)[None]
+
+    def _final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        if not self._fast(h):
+            return self.norm(h)
+        return self.kernels.rms_norm(h[0].contiguous(), self.norm.weight, self.norm.eps)[None]
+
     def _read_head(self, h: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and h.dtype == torch.bfloat16 and 0 < h.numel() <= KERNEL_ROWS * h.shape[-1]:
+            return self.kernels.linear(h.reshape(-1, h.shape[-1]).contiguous(), self.head).view(*h.shape[:-1], -1)
         return self.head_linear(h) if self.head_linear is not None else F.linear(h, self.head)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
@@ -221,6 +258,13 @@ class DraftNet(nn.Module):
         cos, sin = cos[start:end], sin[start:end]
         if cache is not None:
             cache.ensure(len(self.blocks), self.config.heads, self.config.head_dim, end, x.dtype, x.device)
+        if cache is not None and self._fast(x):
+            table_cos, table_sin = self.rotary.table(end, x.dtype, x.device)
+            h = x[0].contiguous()
+            for i, block in enumerate(self.blocks):
+                h = block.step(self.kernels, h, table_cos, table_sin, cache, i, start)
+            cache.length = end
+            return h[None]
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, cache, i, start)
         if cache is not None:
@@ -232,13 +276,13 @@ class DraftNet(nn.Module):
     def lm(self, tokens: torch.Tensor, cache: KVCache | None = None, start: int = 0) -> torch.Tensor:
         """draft-lm: (B, T) tokens -> (B, T, |S|) logits of the next token."""
         h = self._run_blocks(self.embed_tokens(tokens), cache, start)
-        return self._read_head(self.norm(h))
+        return self._read_head(self._final_norm(h))
 
     def eagle(self, features: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache | None = None,
               start: int = 0) -> torch.Tensor:
         """eagle: (B, T, d) features f_t and (B, T) tokens x_{t+1} -> (B, T, d) predicted f_{t+1}."""
-        x = self.fc(torch.cat([features, self.embed_tokens(next_tokens)], dim=-1))
-        return self.norm(self._run_blocks(x, cache, start))
+        x = self._dense(self.fc, torch.cat([features, self.embed_tokens(next_tokens)], dim=-1))
+        return self._final_norm(self._run_blocks(x, cache, start))
 
     def medusa_features(self, features: torch.Tensor) -> torch.Tensor:
         """medusa: (..., d) features f_t -> (K, ..., d); head k's output gives x_{t+1+k}'s logits."""

@@ -110,12 +110,17 @@ def load_net(directory: str | Path, target) -> DraftNet:
     missing, unexpected = net.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise SpecdecError(f"{directory / WEIGHTS_FILE} does not match its config: missing {missing}, unexpected {unexpected}")
+    from ..backends import kernels
     from ..backends.lean import can_pack
 
     device = target.model.device
     net = net.to(device=device, dtype=target.dtype).eval()
-    if target.dtype == torch.bfloat16 and device.type == "cpu" and can_pack():
-        net.pack()
+    if target.dtype == torch.bfloat16 and device.type == "cpu":
+        kern = kernels.load()
+        if kern is not None:
+            net.use_kernels(kern)
+        elif can_pack():
+            net.pack()
     return net
 
 
