@@ -86,13 +86,28 @@ SPECDEC_AVX512 void dot_tile(const bf16* x, int64_t ldx, const bf16* w, int64_t 
 
 using TileFn = void (*)(const bf16*, int64_t, const bf16*, int64_t, float*);
 
+// Tiles up to 4 x 4 for 1-4 rows (decode), up to 8 x 2 for more (verification): at most 16
+// accumulators, so nothing spills, and each weight row is read from memory once per call.
 template <int NT>
 TileFn tile_for(int64_t mt) {
-  switch (mt) {
-    case 1: return dot_tile<1, NT>;
-    case 2: return dot_tile<2, NT>;
-    case 3: return dot_tile<3, NT>;
-    default: return dot_tile<4, NT>;
+  if constexpr (NT == 4) {
+    switch (mt) {
+      case 1: return dot_tile<1, 4>;
+      case 2: return dot_tile<2, 4>;
+      case 3: return dot_tile<3, 4>;
+      default: return dot_tile<4, 4>;
+    }
+  } else {
+    switch (mt) {
+      case 1: return dot_tile<1, NT>;
+      case 2: return dot_tile<2, NT>;
+      case 3: return dot_tile<3, NT>;
+      case 4: return dot_tile<4, NT>;
+      case 5: return dot_tile<5, NT>;
+      case 6: return dot_tile<6, NT>;
+      case 7: return dot_tile<7, NT>;
+      default: return dot_tile<8, NT>;
+    }
   }
 }
 
@@ -118,19 +133,19 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<
   const bf16* xp = x.data_ptr<bf16>();
   const bf16* wp = w.data_ptr<bf16>();
   bf16* op = out.data_ptr<bf16>();
-  constexpr int64_t NT = 4;
+  const int64_t NT = M <= 4 ? 4 : 2, MT = M <= 4 ? 4 : 8;
   const int64_t blocks = (N + NT - 1) / NT;
   at::parallel_for(0, blocks, 16, [&](int64_t b0, int64_t b1) {
-    float tile[4 * NT];
+    float tile[8 * 4];
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t n0 = b * NT, nt = std::min(NT, N - n0);
-      for (int64_t m0 = 0; m0 < M; m0 += 4) {
-        const int64_t mt = std::min<int64_t>(4, M - m0);
+      for (int64_t m0 = 0; m0 < M; m0 += MT) {
+        const int64_t mt = std::min(MT, M - m0);
         if (nt == NT) {
-          tile_for<4>(mt)(xp + m0 * K, K, wp + n0 * K, K, tile);
+          (NT == 4 ? tile_for<4>(mt) : tile_for<2>(mt))(xp + m0 * K, K, wp + n0 * K, K, tile);
         } else {
           for (int64_t n = 0; n < nt; ++n) {
-            float column[4];
+            float column[8];
             tile_for<1>(mt)(xp + m0 * K, K, wp + (n0 + n) * K, K, column);
             for (int64_t m = 0; m < mt; ++m) tile[m * NT + n] = column[m];
           }
