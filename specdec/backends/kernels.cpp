@@ -40,6 +40,14 @@ SPECDEC_AVX512 inline __m512 widen(const bf16* p, __mmask16 mask) {  // 16 bf16 
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
+SPECDEC_AVX512 inline __m256i to_bf16(__m512 x) {  // round to nearest even, as c10::BFloat16(float)
+  return (__m256i)_mm512_cvtneps_pbh(x);
+}
+
+SPECDEC_AVX512 inline __m512 rounded(__m512 x) {  // x rounded to bf16, back in fp32
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(x)), 16));
+}
+
 inline __mmask32 mask32(int64_t left) { return left >= 32 ? ~__mmask32(0) : ((__mmask32(1) << left) - 1); }
 inline __mmask16 mask16(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1); }
 
@@ -165,17 +173,21 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<
 
 // One row of RMSNorm: Gemma (weight_f32 = 1 + w): bf16(x * r * weight); Llama (bf16 weight):
 // bf16(weight * bf16(x * r)), with r = 1 / sqrt(mean(x^2) + eps), all in fp32.
-void rms_row(const bf16* x, int64_t K, const float* gemma_w, const bf16* llama_w, double eps, bf16* out) {
-  float ss = 0.f;
-  for (int64_t k = 0; k < K; ++k) {
-    const float v = static_cast<float>(x[k]);
-    ss += v * v;
+SPECDEC_AVX512 void rms_row(const bf16* x, int64_t K, const float* gemma_w, const bf16* llama_w, double eps,
+                            bf16* out) {
+  __m512 squares = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const __m512 v = widen(x + k, mask16(K - k));
+    squares = _mm512_fmadd_ps(v, v, squares);
   }
-  const float r = 1.f / std::sqrt(ss / static_cast<float>(K) + static_cast<float>(eps));
-  if (gemma_w) {
-    for (int64_t k = 0; k < K; ++k) out[k] = bf16(static_cast<float>(x[k]) * r * gemma_w[k]);
-  } else {
-    for (int64_t k = 0; k < K; ++k) out[k] = bf16(static_cast<float>(llama_w[k]) * round_bf16(static_cast<float>(x[k]) * r));
+  const float ss = _mm512_reduce_add_ps(squares);
+  const __m512 r = _mm512_set1_ps(1.f / std::sqrt(ss / static_cast<float>(K) + static_cast<float>(eps)));
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 mask = mask16(K - k);
+    const __m512 normed = _mm512_mul_ps(widen(x + k, mask), r);
+    const __m512 y = gemma_w ? _mm512_mul_ps(normed, _mm512_maskz_loadu_ps(mask, gemma_w + k))
+                             : _mm512_mul_ps(widen(llama_w + k, mask), rounded(normed));
+    _mm256_mask_storeu_epi16(out + k, mask, to_bf16(y));
   }
 }
 
@@ -195,13 +207,22 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 // RoPE on one head vector, rounding like transformers' bf16 `x * cos + rotate_half(x) * sin`
 // (signed_sin carries rotate_half's minus).
-void rope_row(const bf16* x, const bf16* cos, const bf16* signed_sin, int64_t hd, bf16* out) {
+SPECDEC_AVX512 void rope_row(const bf16* x, const bf16* cos, const bf16* signed_sin, int64_t hd, bf16* out) {
   const int64_t half = hd / 2;
-  for (int64_t j = 0; j < hd; ++j) {
-    const float partner = static_cast<float>(x[j < half ? j + half : j - half]);
-    const float a = round_bf16(static_cast<float>(x[j]) * static_cast<float>(cos[j]));
-    const float b = round_bf16(partner * static_cast<float>(signed_sin[j]));
-    out[j] = bf16(a + b);
+  if (half % 16 != 0) {
+    for (int64_t j = 0; j < hd; ++j) {
+      const float partner = static_cast<float>(x[j < half ? j + half : j - half]);
+      const float a = round_bf16(static_cast<float>(x[j]) * static_cast<float>(cos[j]));
+      const float b = round_bf16(partner * static_cast<float>(signed_sin[j]));
+      out[j] = bf16(a + b);
+    }
+    return;
+  }
+  for (int64_t j = 0; j < hd; j += 16) {
+    const __m512 a = rounded(_mm512_mul_ps(widen(x + j, 0xFFFF), widen(cos + j, 0xFFFF)));
+    const __m512 b = rounded(_mm512_mul_ps(widen(x + (j < half ? j + half : j - half), 0xFFFF),
+                                           widen(signed_sin + j, 0xFFFF)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j), to_bf16(_mm512_add_ps(a, b)));
   }
 }
 
@@ -255,6 +276,84 @@ SPECDEC_AVX512 void attend_row(const bf16* q, const bf16* keys, const bf16* valu
   }
 }
 
+// Lane i of the result = the sum of v[i]'s 16 lanes: 16 horizontal sums in 15 shuffle-add pairs
+// (instead of 16 separate reductions of ~8 instructions each).
+SPECDEC_AVX512 inline __m512 sum16(const __m512* v) {
+  __m512 t[8], u[4], w[2];
+  for (int k = 0; k < 8; ++k)  // per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3]
+    t[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
+  for (int k = 0; k < 4; ++k)  // per 128-bit lane: one partial sum of each of v[4k .. 4k+3]
+    u[k] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * k], t[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(t[2 * k], t[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int k = 0; k < 2; ++k)  // add the 128-bit lanes pairwise
+    w[k] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(u[2 * k], u[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+constexpr int kRowBlock = 6;  // query rows sharing one pass over the keys (24 accumulators for hd 64)
+
+// Attention for up to kRowBlock query rows of one KV head (head_dim a multiple of 64, at most 256):
+// row r attends to keys [lo[r], hi[r]]. Each block of 16 keys is scored for every row with one
+// 16-way reduction, and each value row is widened to fp32 once for all the rows.
+SPECDEC_AVX512 void attend_rows(const bf16* const* q, int rows, const int64_t* lo, const int64_t* hi,
+                                const bf16* keys, const bf16* values, int64_t hd, float scale,
+                                std::vector<float>& scores, bf16* const* out) {
+  const int64_t first = *std::min_element(lo, lo + rows), last = *std::max_element(hi, hi + rows);
+  const int64_t width = (last - first + 16) / 16 * 16;
+  scores.assign(static_cast<size_t>(rows) * width, 0.f);
+  const int64_t chunks = hd / 32;
+  float inv[kRowBlock];  // 1 / the softmax denominator of each row, applied to its output
+  for (int r = 0; r < rows; ++r) {
+    __m512bh qv[8];
+    for (int64_t c = 0; c < chunks; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q[r] + c * 32);
+    float* row = scores.data() + r * width;
+    for (int64_t j0 = lo[r]; j0 <= hi[r]; j0 += 16) {
+      const int64_t count = std::min<int64_t>(16, hi[r] - j0 + 1);
+      __m512 acc[16];
+      for (int jj = 0; jj < 16; ++jj) {
+        acc[jj] = _mm512_setzero_ps();
+        if (jj < count)
+          for (int64_t c = 0; c < chunks; ++c)
+            acc[jj] = _mm512_dpbf16_ps(acc[jj], qv[c], (__m512bh)_mm512_loadu_si512(keys + (j0 + jj) * hd + c * 32));
+      }
+      _mm512_mask_storeu_ps(row + (j0 - first), mask16(count), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+    }
+    __m512 tops = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = lo[r]; j <= hi[r]; j += 16)
+      tops = _mm512_mask_max_ps(tops, mask16(hi[r] - j + 1), tops, _mm512_loadu_ps(row + (j - first)));
+    const float top = _mm512_reduce_max_ps(tops);
+    __m512 sums = _mm512_setzero_ps();
+    for (int64_t j = lo[r]; j <= hi[r]; j += 16) {  // keys outside [lo, hi] keep probability 0
+      const __mmask16 mask = mask16(hi[r] - j + 1);
+      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, row + (j - first)), _mm512_set1_ps(top)));
+      _mm512_mask_storeu_ps(row + (j - first), mask, e);
+      sums = _mm512_add_ps(sums, _mm512_maskz_mov_ps(mask, e));
+    }
+    inv[r] = 1.f / _mm512_reduce_add_ps(sums);
+  }
+  for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+    __m512 acc[kRowBlock][4];
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int64_t j = first; j <= last; ++j) {
+      __m512 v[4];
+      for (int c = 0; c < 4; ++c) v[c] = widen(values + j * hd + d0 + c * 16, 0xFFFF);
+      for (int r = 0; r < rows; ++r) {
+        const __m512 p = _mm512_set1_ps(scores[r * width + (j - first)]);
+        for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_fmadd_ps(p, v[c], acc[r][c]);
+      }
+    }
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < 4; ++c) {
+        alignas(64) float lanes[16];
+        _mm512_store_ps(lanes, _mm512_mul_ps(acc[r][c], _mm512_set1_ps(inv[r])));
+        for (int i = 0; i < 16; ++i) out[r][d0 + c * 16 + i] = bf16(lanes[i]);
+      }
+  }
+}
+
 // qkv (n, (Hq + 2 Hkv) hd) -> attention output (n, Hq hd). Writes the rotated keys and the values
 // of positions start..start+n-1 into the caches (Hkv, capacity, hd). window = 0: full attention.
 at::Tensor attend(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, const at::Tensor& cos,
@@ -301,14 +400,45 @@ at::Tensor attend(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, const at
   at::Tensor out = at::empty({n, n_heads * hd}, qkv.options());
   bf16* o = out.data_ptr<bf16>();
   const int64_t group = n_heads / n_kv;
+  const float scalef = static_cast<float>(scale);
+  auto key_range = [&](int64_t i, int64_t* lo, int64_t* hi) {
+    const int64_t pos = start + i;
+    *lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+    *hi = pos;
+  };
+  if (hd % 64 == 0 && hd <= 256) {
+    // Work units: up to kRowBlock (head, position) rows of one KV head.
+    const int64_t rows_per_kv = group * n, blocks_per_kv = (rows_per_kv + kRowBlock - 1) / kRowBlock;
+    const int64_t grain = std::max<int64_t>(1, 4096 / (kRowBlock * (start + n)));
+    at::parallel_for(0, n_kv * blocks_per_kv, grain, [&](int64_t u0, int64_t u1) {
+      std::vector<float> scores;
+      for (int64_t u = u0; u < u1; ++u) {
+        const int64_t kv = u / blocks_per_kv, r0 = (u % blocks_per_kv) * kRowBlock;
+        const int rows = static_cast<int>(std::min<int64_t>(kRowBlock, rows_per_kv - r0));
+        const bf16* q_rows[kRowBlock];
+        bf16* out_rows[kRowBlock];
+        int64_t lo[kRowBlock], hi[kRowBlock];
+        for (int r = 0; r < rows; ++r) {
+          const int64_t h = kv * group + (r0 + r) / n, i = (r0 + r) % n;
+          q_rows[r] = qp + i * n_heads * hd + h * hd;
+          out_rows[r] = o + i * n_heads * hd + h * hd;
+          key_range(i, &lo[r], &hi[r]);
+        }
+        attend_rows(q_rows, rows, lo, hi, kc + kv * capacity * hd, vc + kv * capacity * hd, hd, scalef, scores,
+                    out_rows);
+      }
+    });
+    return out;
+  }
   const int64_t grain = std::max<int64_t>(1, 4096 / (start + n));  // rows per thread: a few thousand keys
   at::parallel_for(0, n_heads * n, grain, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t h = t / n, i = t % n, pos = start + i, kv = h / group;
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-      attend_row(qp + i * n_heads * hd + h * hd, kc + kv * capacity * hd, vc + kv * capacity * hd, lo, pos, hd,
-                 static_cast<float>(scale), scores, o + i * n_heads * hd + h * hd);
+      const int64_t h = t / n, i = t % n, kv = h / group;
+      int64_t lo, hi;
+      key_range(i, &lo, &hi);
+      attend_row(qp + i * n_heads * hd + h * hd, kc + kv * capacity * hd, vc + kv * capacity * hd, lo, hi, hd,
+                 scalef, scores, o + i * n_heads * hd + h * hd);
     }
   });
   return out;
