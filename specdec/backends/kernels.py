@@ -14,6 +14,7 @@ import hashlib
 import os
 import platform
 import sys
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -69,10 +70,15 @@ def load() -> ModuleType | None:
             pass
         from torch.utils.cpp_extension import load as build
 
+        if not any(build_dir.glob("*.so")):
+            print("specdec: building the CPU kernels once for this machine (~30 s) ...", file=sys.stderr, flush=True)
         module = build(name=f"specdec_kernels_{key}", sources=[str(SOURCE)], build_directory=str(build_dir),
                        extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as error:  # a missing compiler or headers: fall back, and say why
-        _reason = f"could not build {SOURCE.name}: {str(error).strip().splitlines()[-1] if str(error).strip() else error!r}"
+        detail = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
+        _reason = f"could not build {SOURCE.name} ({detail}); it needs a C++ compiler (g++) and Python's headers"
+        warnings.warn(f"specdec: {_reason}. The lean backend runs on oneDNN instead (about 2x slower per step).",
+                      stacklevel=2)
         return None
     if not module.supported():
         _reason = "this CPU lacks AVX-512 BF16"
