@@ -27,7 +27,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--target", default="smollm2-135m",
                         help="target model p: smollm2-135m, gemma3-270m, a local directory or a hub id (default: %(default)s)")
-    parser.add_argument("--drafter", default="prompt-lookup", metavar="KIND_OR_DIR",
+    parser.add_argument("--drafter", default="auto", metavar="KIND_OR_DIR",
                         help=f"how drafts are made: {', '.join(DRAFTER_KINDS)}, or a trained drafter's directory "
                              "(default: %(default)s)")
     parser.add_argument("--draft", default=None, metavar="MODEL_OR_FILE",

@@ -80,7 +80,7 @@ class SpeculativeEngine:
             )
         if int(prompt.max()) >= self.target.vocab_size or int(prompt.min()) < 0:
             raise SpecdecError(f"prompt token ids must be in [0, {self.target.vocab_size})")
-        drafter = self.drafter if spec.gamma != 0 else None
+        drafter = self.drafter.for_sampling(sampling) if self.drafter is not None and spec.gamma != 0 else None
         stats = GenerationStats(drafter=drafter.name if drafter else "none", path=self.target.path)
         stats.prompt_tokens = prompt.numel()
         return Generation(self._rounds(prompt, sampling, spec, drafter, stats), stats)

@@ -179,3 +179,27 @@ def test_same_prompt_twice_gives_same_greedy_output(target, draft_model):
     first = engine.generate(PROMPT, SamplingParams(temperature=0), SpecConfig(gamma=3, max_new_tokens=25)).run().tokens
     second = engine.generate(PROMPT, SamplingParams(temperature=0), SpecConfig(gamma=3, max_new_tokens=25)).run().tokens
     assert first == second == plain_tokens(target, PROMPT, 25)
+
+
+def test_by_temperature_drafter_routes_each_generation(target, draft_model):
+    """auto's router: greedy generations draft with one drafter, sampled ones with the other, the
+    stats name the one that ran, and greedy output stays the target's."""
+    from specdec.drafters import ByTemperature
+
+    class Counting(ModelDrafter):
+        def propose(self, *args, **kwargs):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().propose(*args, **kwargs)
+
+    class CountingLookup(PromptLookupDrafter):
+        def propose(self, *args, **kwargs):
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().propose(*args, **kwargs)
+
+    greedy, sampled = CountingLookup(), Counting(TransformersBackend(draft_model), VOCAB)
+    engine = SpeculativeEngine(TransformersBackend(target), ByTemperature(greedy, sampled))
+    run = engine.generate(PROMPT, SamplingParams(), SpecConfig(gamma=3, max_new_tokens=20)).run()
+    assert run.tokens == plain_tokens(target, PROMPT, 20)
+    assert run.stats.drafter == greedy.name and greedy.calls > 0 and not hasattr(sampled, "calls")
+    run = engine.generate(PROMPT, SamplingParams(temperature=1.0, seed=0), SpecConfig(gamma=3, max_new_tokens=20)).run()
+    assert run.stats.drafter == sampled.name and sampled.calls > 0

@@ -9,12 +9,13 @@ from .base import Drafter, Proposal
 from .model import ModelDrafter
 from .ngram import NGramDrafter, NGramTable
 from .prompt_lookup import PromptLookupDrafter
+from .routed import ByTemperature
 from .trained import is_trained_drafter, load_trained_drafter
 
 DRAFTER_KINDS = ("auto", "prompt-lookup", "ngram", "model", "trained", "none")
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "drafters"
 
-__all__ = ["Drafter", "Proposal", "ModelDrafter", "NGramDrafter", "NGramTable", "PromptLookupDrafter",
+__all__ = ["Drafter", "Proposal", "ByTemperature", "ModelDrafter", "NGramDrafter", "NGramTable", "PromptLookupDrafter",
            "DRAFTER_KINDS", "build_drafter", "check_same_tokenizer", "shipped_drafter"]
 
 
@@ -54,9 +55,11 @@ def build_drafter(kind: str, draft: str | None, target, dtype="auto", device: st
 
     if kind == "none":
         return None
-    if kind == "auto":  # the trained drafter shipped for this target, else prompt lookup
+    if kind == "auto":  # prompt lookup at T=0; at T>0 the trained drafter shipped for the target, if any
         shipped = shipped_drafter(target.name)
-        return load_trained_drafter(shipped, target) if shipped else PromptLookupDrafter()
+        if not shipped:
+            return PromptLookupDrafter()
+        return ByTemperature(PromptLookupDrafter(), load_trained_drafter(shipped, target))
     if kind == "prompt-lookup":
         return PromptLookupDrafter()
     if kind == "ngram":

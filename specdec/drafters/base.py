@@ -37,6 +37,11 @@ class Drafter(ABC):
     def bind(self, target) -> None:
         """The engine's target Backend; drafters that read its features (eagle, medusa) keep it."""
 
+    def for_sampling(self, sampling: SamplingParams) -> "Drafter":
+        """The drafter that serves a generation with these sampling settings: itself, unless it
+        routes (routed.ByTemperature picks one of its own per generation)."""
+        return self
+
     def begin(self, prompt: torch.Tensor) -> None:
         """A new sequence starts with this (P,) prompt. Stateful drafters prefill here."""
 
