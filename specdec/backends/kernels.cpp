@@ -13,7 +13,7 @@
 //   act_mul    act(gate) * up on a fused gate/up block.
 //
 // Rounding follows the transformers modules (bf16 after each op they do in bf16), so the logits
-// agree with transformers' within bf16 tolerance; tests/test_lean.py checks that.
+// agree with transformers' within bf16 tolerance (tests/test_kernels.py and tests/test_lean.py).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -57,8 +57,8 @@ inline __mmask16 mask16(int64_t left) { return left >= 16 ? __mmask16(0xFFFF) : 
 
 // out[m * NT + n] = sum_k x[m, k] * w[n, k] for an MT x NT tile; w rows are contiguous (stride K).
 // vdpbf16ps multiplies bf16 pairs exactly and sums in fp32; only the order of the sum differs from
-// oneDNN's. (fp32 FMAs on weights widened by shift/mask were measured too: no faster here; both
-// reach this machine's multiply-add peak from 8 rows on.)
+// oneDNN's. (fp32 FMAs on weights widened by shift/mask were measured too: as fast at one row,
+// slower from five rows on.)
 template <int MT, int NT>
 SPECDEC_AVX512 void dot_tile(const bf16* x, int64_t ldx, const bf16* w, int64_t K, float* out) {
   __m512 acc[MT][NT];
