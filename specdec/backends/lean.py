@@ -13,8 +13,8 @@ model.py does:
   a prefetching AVX-512 BF16 matrix-vector product that streams the weights at memory speed, and
   fused RMSNorm, RoPE + cache write + attention, act*up; nine calls a layer instead of ~30 ops.
   Measured (scripts/bench_step.py): one SmolLM2-135M step 16 ms vs 31 ms on oneDNN's GEMM;
-- otherwise (fp32, prefill, no kernels) ATen ops; without the kernels, bf16 weights are pre-packed for oneDNN
-  (`mkldnn._reorder_linear_weight`, bit-identical, ~1.8x faster than F.linear on one row);
+- otherwise (fp32, prefill, no kernels) ATen ops; without the kernels, bf16 weights are pre-packed
+  for oneDNN (`mkldnn._reorder_linear_weight`, bit-identical, ~1.8x faster than F.linear on one row);
 - no mask at all for one position; for several, one small boolean block (with Gemma-3's sliding
   window where a layer has one).
 
@@ -182,15 +182,11 @@ class LeanBackend(Backend):
         h = self.embed[ids.to(self.device)]  # (n, d)
         if self.embed_scale is not None:
             h = h * self.embed_scale
-        if self.kernels is not None and n <= KERNEL_ROWS:
-            features = self._layers_on_kernels(h, start)
-        else:
-            features = self._layers_on_aten(h, start, end)
+        on_kernels = self.kernels is not None and n <= KERNEL_ROWS
+        features = self._layers_on_kernels(h, start) if on_kernels else self._layers_on_aten(h, start, end)
         self._store_hidden(start, features)
-        if self.kernels is not None and n <= KERNEL_ROWS:
-            logits = self.kernels.linear(features, self.lm_head).float()
-        else:
-            logits = self._linear(features, self.lm_head).float()  # (n, V)
+        lm_head = self.kernels.linear(features, self.lm_head) if on_kernels else self._linear(features, self.lm_head)
+        logits = lm_head.float()  # (n, V)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
