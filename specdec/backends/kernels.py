@@ -1,6 +1,6 @@
 """Builds and loads kernels.cpp, the lean backend's bfloat16 decode kernels, once per machine.
 
-The build (torch.utils.cpp_extension with ninja and the system C++ compiler, ~40 s on 2 cores) is
+The build (torch.utils.cpp_extension with ninja and the system C++ compiler, ~30 s on 2 cores) is
 cached under the specdec cache (SPECDEC_CACHE, default ~/.cache/specdec)/kernels, keyed by the
 source, torch, Python and the CPU's flags, so later processes load it in well under a second.
 Where it cannot be built or the CPU lacks AVX-512 BF16, `load()` returns None and says why in
