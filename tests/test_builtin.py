@@ -45,7 +45,7 @@ def test_builtin_greedy_parity_fp32(builtin_model, bigram, gamma):
 
 @pytest.mark.slow
 def test_main_job_cli_compare_json():
-    """What the README's first command runs: the built-in model, prompt lookup, --compare."""
+    """What the README's first command runs: the built-in model, the default drafter (prompt lookup at T=0), --compare."""
     from test_cli import run_cli
 
     proc = run_cli("generate", PROMPTS[1], "--max-new-tokens", "48", "--compare", "--json")
