@@ -3,7 +3,6 @@ numbers up to the order of fp32 sums, with transformers' rounding points."""
 
 import math
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,16 +14,9 @@ from specdec.backends.lean import rotate
 from conftest import tiny_gemma3, tiny_llama
 
 
-def _cpu_has_bf16() -> bool:
-    try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def kern():
-    if not _cpu_has_bf16() or shutil.which("c++") is None:
+    if "avx512_bf16" not in kernels._cpu_flags() or shutil.which("c++") is None:
         pytest.skip("needs a CPU with AVX-512 BF16 and a C++ compiler (the lean backend then uses oneDNN)")
     module = kernels.load()
     assert module is not None, kernels.unavailable_reason()  # it must build wherever it can run
