@@ -135,6 +135,45 @@ def test_distillation_data_is_consistent(trained):
     assert agree > 0.97
 
 
+def test_answer_loop_equals_generate(trained):
+    """The data sampler's own batched loop (left padding, finished rows leaving the batch) gives
+    transformers' greedy generate() answers, prompt by prompt, in float32."""
+    from specdec.training.data import DataRecipe, _answers
+
+    target = trained[0]
+    prompts = [target.encode(text) for text in ("hello", "tell me a story about a long river", "why", "a b c d e f")]
+    recipe = DataRecipe(max_new_tokens=12, batch=3)
+    answers = _answers(target.model, target.tokenizer, prompts, 0.0, recipe, target.eos_token_ids, lambda _: None)
+    for prompt, answer in zip(prompts, answers):
+        out = target.model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                                    eos_token_id=sorted(target.eos_token_ids))[0, len(prompt):].tolist()
+        assert answer == out
+
+
+def test_data_sets_concatenate(trained):
+    from specdec.training.data import DistillData
+
+    data = trained[1]
+    both = DistillData.concat([data, data])
+    assert both.sequences == 2 * data.sequences and both.offsets[-1] == 2 * data.tokens.numel()
+    n = data.sequences
+    for s in (0, n - 1):
+        a = slice(int(data.offsets[s]), int(data.offsets[s + 1]))
+        b = slice(int(both.offsets[n + s]), int(both.offsets[n + s + 1]))
+        assert torch.equal(data.tokens[a], both.tokens[b]) and torch.equal(data.features[a], both.features[b])
+    assert torch.equal(both.token_counts, 2 * data.token_counts)
+
+
+def test_open_questions_are_distinct_seeded_and_leave_out_the_bench():
+    from specdec.bench.prompts import CHAT_QUESTIONS
+    from specdec.training.topics import open_questions
+
+    questions = open_questions(10_000)
+    assert len(questions) == len(set(questions)) > 800
+    assert not set(questions) & set(CHAT_QUESTIONS)
+    assert open_questions(50, seed=3) == open_questions(50, seed=3) != open_questions(50, seed=4)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_training_lowers_the_loss_and_saves_a_loadable_drafter(trained, kind):
     target, _, out = trained
@@ -167,13 +206,23 @@ def test_cli_train_then_generate(tiny_dirs, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "medusa"
     args = ["train-drafter", "--target", str(tiny_dirs["chat"]), "--kind", "medusa", "--out", str(out), "--steps", "3",
-            "--prompts", "8", "--max-new-tokens", "8", "--vocab", "16", "--dtype", "float32"]
+            "--prompts", "8", "--max-new-tokens", "8", "--vocab", "16", "--dtype", "float32", "--chat-prompts", "4",
+            "--chat-max-new-tokens", "6"]
     assert main(args) == 0
+    data = json.loads((out / "config.json").read_text())["recipe"]["data"]
+    assert data["chat_prompts"] == 4 and data["positions"] > 0
     assert main(args) == 1  # will not overwrite without --overwrite
     assert "--overwrite" in capsys.readouterr().err
     assert main(["generate", "hello", "--target", str(tiny_dirs["chat"]), "--drafter", str(out), "--dtype", "float32",
                  "--max-new-tokens", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stats"]["drafter"].startswith("medusa:")
+    more = tmp_path / "medusa-more"  # continue training it
+    assert main(["train-drafter", "--target", str(tiny_dirs["chat"]), "--kind", "medusa", "--out", str(more), "--steps", "2",
+                 "--prompts", "8", "--max-new-tokens", "8", "--dtype", "float32", "--init", str(out), "--lr", "1e-3"]) == 0
+    assert json.loads((more / "config.json").read_text())["recipe"]["continued_from"]["path"] == str(out)
+    assert main(["train-drafter", "--target", str(tiny_dirs["chat"]), "--kind", "eagle", "--out", str(tmp_path / "e"),
+                 "--steps", "1", "--prompts", "8", "--max-new-tokens", "8", "--init", str(out)]) == 1
+    assert "is a medusa drafter" in capsys.readouterr().err
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "keep.txt").write_text("mine")
     assert main(["train-drafter", "--target", str(tiny_dirs["chat"]), "--kind", "eagle", "--out", str(tmp_path / "notes"),

@@ -21,7 +21,7 @@ def _train_drafter(args: argparse.Namespace) -> int:
     from ..drafters.nets import KINDS
     from ..drafters.trained import is_trained_drafter, save_drafter
     from ..models import load_model
-    from .data import DataRecipe, build_data
+    from .data import DataRecipe, DistillData, build_data
     from .train import SIZES, TrainRecipe, train
 
     out = Path(args.out)
@@ -31,20 +31,50 @@ def _train_drafter(args: argparse.Namespace) -> int:
                            + (" or pass --overwrite" if is_trained_drafter(out) else ""))
     if args.kind not in KINDS:
         raise SpecdecError(f"unknown --kind {args.kind!r}: use one of {', '.join(KINDS)}")
-    if args.minutes is not None and args.minutes <= 0 or args.steps is not None and args.steps <= 0:
-        raise SpecdecError("--minutes and --steps must be positive")
-    if args.vocab < 2 or args.prompts < 1 or args.max_new_tokens < 1:
-        raise SpecdecError("--vocab must be at least 2, --prompts and --max-new-tokens at least 1")
+    if args.minutes is not None and args.minutes <= 0 or args.steps is not None and args.steps <= 0 or args.lr <= 0:
+        raise SpecdecError("--minutes, --steps and --lr must be positive")
+    if args.vocab < 2 or args.prompts < 1 or args.max_new_tokens < 1 or args.chat_max_new_tokens < 1:
+        raise SpecdecError("--vocab must be at least 2, --prompts and the --max-new-tokens options at least 1")
+    if args.chat_prompts < 0:
+        raise SpecdecError("--chat-prompts must be 0 or more")
     size = SIZES[args.size] if args.kind == "draft-lm" else dict(layers=1, ffn=1536)
+    start, earlier = None, None
+    if args.init:
+        from safetensors.torch import load_file
+
+        from ..drafters.trained import read_config
+
+        if not is_trained_drafter(args.init):
+            raise SpecdecError(f"--init {args.init} holds no trained drafter: give a directory written by train-drafter")
+        earlier = read_config(args.init)
+        if earlier.kind != args.kind:
+            raise SpecdecError(f"--init {args.init} is a {earlier.kind} drafter, not {args.kind}: use --kind {earlier.kind}")
+        size = dict(layers=earlier.layers, ffn=earlier.ffn)
+        args.layers, args.ffn, args.medusa_heads = None, None, earlier.medusa_heads
+        start = load_file(str(Path(args.init) / "model.safetensors"))
+        args.vocab = int(start["vocab"].numel())
     recipe = TrainRecipe(kind=args.kind, layers=args.layers or size["layers"], ffn=args.ffn or size["ffn"],
                          medusa_heads=args.medusa_heads, vocab_size=args.vocab, steps=args.steps,
-                         minutes=args.minutes if args.minutes is not None else 30.0, batch=args.batch, seed=args.seed)
+                         minutes=args.minutes if args.minutes is not None else 30.0, batch=args.batch, seed=args.seed,
+                         lr=args.lr)
     log = lambda message: print(f"specdec: {message}", file=sys.stderr)  # noqa: E731
     target = load_model(args.target, args.dtype, args.device)
-    data = build_data(target, DataRecipe(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.data_seed,
-                                         batch=args.data_batch), log)
-    net = train(target, data, recipe, log)
+    recipes = [DataRecipe(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.data_seed,
+                          batch=args.data_batch)]
+    if args.chat_prompts:
+        recipes.append(DataRecipe(prompts=args.chat_prompts, max_new_tokens=args.chat_max_new_tokens,
+                                  seed=args.data_seed, batch=args.data_batch * 2, mix="chat"))
+    data = DistillData.concat([build_data(target, r, log) for r in recipes])
+    if earlier is not None:
+        from ..drafters.trained import check_target
+        from ..models import target_identity
+
+        check_target(earlier, target_identity(target), args.init)
+    net = train(target, data, recipe, log, start=start)
+    if earlier is not None:
+        net.config.recipe["continued_from"] = {"path": str(args.init), "recipe": earlier.recipe}
     net.config.recipe["data"] = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "seed": args.data_seed,
+                                 "chat_prompts": args.chat_prompts, "chat_max_new_tokens": args.chat_max_new_tokens,
                                  "positions": int(data.tokens.numel())}
     save_drafter(net, out)
     megabytes = sum(f.stat().st_size for f in out.iterdir()) / 1e6
@@ -65,13 +95,20 @@ def register(sub) -> None:
     p.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (default: %(default)s)")
     p.add_argument("--minutes", type=float, default=None, help="training time (default: 30)")
     p.add_argument("--steps", type=int, default=None, help="train for this many steps instead of --minutes")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (cosine schedule; default: %(default)s)")
     p.add_argument("--batch", type=int, default=16, help="windows per step (default: %(default)s)")
     p.add_argument("--prompts", type=int, default=2000, help="prompts the target answers (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="answer length (default: %(default)s)")
+    p.add_argument("--chat-prompts", type=int, default=0,
+                   help="also answer this many everyday chat questions at length (a second cached data set; "
+                        "up to ~900 distinct; default: %(default)s)")
+    p.add_argument("--chat-max-new-tokens", type=int, default=192, help="their answer length (default: %(default)s)")
     p.add_argument("--data-batch", type=int, default=32, help="prompts sampled together (default: %(default)s)")
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="training seed")
     p.add_argument("--dtype", default="auto", help="the target's dtype while sampling (default: %(default)s)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--init", default=None, metavar="DIR",
+                   help="continue training the drafter saved in DIR (same kind and target; its sizes are kept)")
     p.add_argument("--overwrite", action="store_true", help="replace a trained drafter already in --out")
     p.set_defaults(handler=_train_drafter)

@@ -7,11 +7,16 @@ ids outside S cannot be drafted and drop out):
 - draft-lm: soft cross-entropy −Σ p log q at every position (KL to the target up to p's entropy);
 - medusa: head k at position t against p at t+k, weighted 0.8^(k−1);
 - eagle: regression of the next feature (smooth L1, in units of the features' RMS) plus the soft
-  cross-entropy of the logits read from the predicted feature; a second step unrolled on its own
-  predictions (the way it drafts), so errors it feeds itself are trained on too.
+  cross-entropy of the logits read from the predicted feature; `unroll` steps in all, each after the
+  first fed the previous step's predictions (the way it drafts), so errors it feeds itself are
+  trained on too.
+
+Positions inside the prompt count `prompt_weight` as much as the answer's: drafting happens in
+answers, while prompts (man pages, code) are most of the positions.
 
 Progress shows the loss and, every `eval_every` steps, the held-out first-position agreement with the
-target's argmax (α at temperature 0) and Σ min(p, q) (α at temperature 1).
+target's argmax (α at temperature 0) and Σ min(p, q) (α at temperature 1), on answer positions of the
+held-out sequences (every 20th).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ class TrainRecipe:
     warmup: int = 20
     eval_every: int = 50
     seed: int = 0
+    unroll: int = 3
+    prompt_weight: float = 0.3
 
 
 def draft_vocabulary(data: DistillData, size: int, always: set[int]) -> torch.Tensor:
@@ -68,10 +75,15 @@ def mass_covered(data: DistillData, vocab: torch.Tensor) -> float:
 
 
 class Windows:
-    """Random windows of whole sequences (no window crosses two), padded to one length."""
+    """Windows of whole sequences (no window crosses two), padded to one length: random ones that reach
+    into the answer for training, the last one of each sequence for measuring."""
 
-    def __init__(self, data: DistillData, sequences: list[int], window: int, seed: int):
+    def __init__(self, data: DistillData, sequences: list[int], window: int, seed: int, prompt_weight: float):
         self.data, self.sequences, self.window = data, sequences, window
+        answer = torch.zeros(data.tokens.numel(), dtype=torch.bool)  # position t predicts an answer token
+        for s in sequences:
+            answer[int(data.offsets[s]) + int(data.prompt_lengths[s]) - 1 : int(data.offsets[s + 1])] = True
+        self.position_weight = torch.where(answer, 1.0, prompt_weight)
         self.generator = torch.Generator().manual_seed(seed)
         lengths = (data.offsets[1:] - data.offsets[:-1])[sequences].float()
         self.weights = lengths.clamp(max=window)  # longer sequences are drawn more often
@@ -83,13 +95,20 @@ class Windows:
         for pick in picks:
             s = self.sequences[pick]
             lo, hi = int(data.offsets[s]), int(data.offsets[s + 1])
-            start = lo + int(torch.randint(0, max(1, hi - lo - w + 1), (1,), generator=self.generator)) if hi - lo > w else lo
+            if hi - lo <= w:
+                start = lo
+            elif fixed is not None:  # measuring: the window that ends with the answer
+                start = hi - w
+            else:  # training: windows that reach at least half-way into the answer
+                first = max(lo, min(hi - w, lo + int(data.prompt_lengths[s]) - w // 2))
+                start = first + int(torch.randint(0, hi - w - first + 1, (1,), generator=self.generator))
             n = min(w, hi - start)
             positions.append(torch.cat([torch.arange(start, start + n), torch.full((w - n,), start)]))
             valid.append(torch.arange(w) < n)
         index = torch.stack(positions)  # (B, W)
+        valid = torch.stack(valid)
         return {"tokens": data.tokens[index], "features": data.features[index].float(), "topk_ids": data.topk_ids[index],
-                "topk_probs": data.topk_probs[index], "valid": torch.stack(valid)}
+                "topk_probs": data.topk_probs[index], "valid": valid, "weight": self.position_weight[index] * valid}
 
 
 def soft_cross_entropy(logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor,
@@ -116,8 +135,8 @@ def agreement(logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Te
 class Objective:
     """The loss and the held-out measurements of one kind."""
 
-    def __init__(self, net: DraftNet, feature_rms: float):
-        self.net, self.kind, self.feature_rms = net, net.config.kind, feature_rms
+    def __init__(self, net: DraftNet, feature_rms: float, unroll: int = 2):
+        self.net, self.kind, self.feature_rms, self.unroll = net, net.config.kind, feature_rms, max(1, unroll)
         width = int(max(net.vocab.max() + 1, net.embed.shape[0]))
         self.to_draft = torch.full((width,), -1, dtype=torch.long)
         self.to_draft[net.vocab] = torch.arange(net.vocab.numel())
@@ -131,14 +150,16 @@ class Objective:
             heads = net.medusa_features(b["features"])  # (K, B, W, d)
             return [(net.logits(heads[k][:, : -(k + 1)]), slice(k + 1, None), None)
                     for k in range(heads.shape[0])]
-        first = net.eagle(b["features"][:, :-1], b["tokens"][:, 1:])  # ≈ f_{t+1}, t = 0..W-2
-        second = net.eagle(first[:, :-1], b["tokens"][:, 2:])  # ≈ f_{t+2}, fed its own prediction
-        return [(net.logits(first), slice(1, None), first), (net.logits(second), slice(2, None), second)]
+        outputs, features = [], b["features"]
+        for k in range(1, self.unroll + 1):  # step k ≈ f_{t+k}, fed its own step k-1 predictions from k = 2 on
+            features = net.eagle(features[:, :-1], b["tokens"][:, k:])
+            outputs.append((net.logits(features), slice(k, None), features))
+        return outputs
 
     def loss(self, b: dict) -> torch.Tensor:
         total = 0.0
         for i, (logits, at, predicted) in enumerate(self._outputs(b)):
-            valid = b["valid"][:, at].float()
+            valid = b["weight"][:, at]
             ce = soft_cross_entropy(logits, b["topk_ids"][:, at], b["topk_probs"][:, at], self.to_draft, valid)
             if self.kind == "medusa":
                 total = total + 0.8**i * ce
@@ -152,9 +173,10 @@ class Objective:
 
     @torch.no_grad()
     def measure(self, b: dict) -> tuple[float, float]:
+        """Agreement at the first draft position, on answer positions."""
         logits, at, _ = self._outputs(b)[0]
-        return agreement(logits, b["topk_ids"][:, at], b["topk_probs"][:, at], self.to_draft, self.net.vocab,
-                         b["valid"][:, at].float())
+        answers = (b["weight"][:, at] == 1.0).float()
+        return agreement(logits, b["topk_ids"][:, at], b["topk_probs"][:, at], self.to_draft, self.net.vocab, answers)
 
 
 def init_from_target(net: DraftNet, model) -> bool:
@@ -196,28 +218,41 @@ def make_config(recipe: TrainRecipe, target) -> DraftConfig:
                        target=target_identity(target))
 
 
-def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: bool = True) -> DraftNet:
-    """Train a drafter of `recipe.kind` for `target` (a LoadedModel) on `data`; returns it in float32."""
+def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: bool = True,
+          start: dict | None = None) -> DraftNet:
+    """Train a drafter of `recipe.kind` for `target` (a LoadedModel) on `data`; returns it in float32.
+    `start`: the state dict of a saved drafter of the same kind and sizes to continue from (its
+    draft vocabulary is kept)."""
     from tqdm import tqdm
 
     torch.manual_seed(recipe.seed)
     model = target.model
-    vocab = draft_vocabulary(data, recipe.vocab_size, target.eos_token_ids)
+    vocab = start["vocab"].long() if start is not None else draft_vocabulary(data, recipe.vocab_size, target.eos_token_ids)
     config = make_config(recipe, target)
     net = build_net(config, vocab, model).float()
-    initialised = init_from_target(net, model)
+    if start is not None:
+        missing, unexpected = net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in start.items()},
+                                                  strict=False)
+        if missing or unexpected:
+            raise ValueError(f"the drafter to continue from does not fit this recipe: missing {missing}, "
+                             f"unexpected {unexpected}")
+    initialised = start is None and init_from_target(net, model)
     trainable = [p for p in net.parameters() if p.requires_grad]
     size = sum(p.numel() for p in trainable)
     covered = mass_covered(data, vocab)
     log(f"{recipe.kind}: {size / 1e6:.2f} M trained parameters, draft vocabulary {vocab.numel()} ids "
-        f"({covered:.1%} of the target's probability mass){', layers from the target' if initialised else ''}")
+        f"({covered:.1%} of the target's probability mass){', layers from the target' if initialised else ''}"
+        f"{', continuing from a saved drafter' if start is not None else ''}")
 
-    held_out = max(1, data.sequences // 20)
-    train_windows = Windows(data, list(range(data.sequences - held_out)), recipe.window, recipe.seed)
-    eval_windows = Windows(data, list(range(data.sequences - held_out, data.sequences)), recipe.window, recipe.seed + 1)
-    eval_batch = eval_windows.batch(0, fixed=list(range(min(held_out, 48))))
+    held_out = list(range(10, data.sequences, 20)) or [data.sequences - 1]  # every 20th, across all data sets
+    taken = set(held_out)
+    train_windows = Windows(data, [s for s in range(data.sequences) if s not in taken], recipe.window, recipe.seed,
+                            recipe.prompt_weight)
+    eval_windows = Windows(data, held_out, recipe.window, recipe.seed + 1, recipe.prompt_weight)
+    picks = torch.linspace(0, len(held_out) - 1, min(len(held_out), 64)).round().long().unique().tolist()
+    eval_batch = eval_windows.batch(0, fixed=picks)
     feature_rms = float(data.features[: 100_000].float().pow(2).mean().sqrt())
-    objective = Objective(net, feature_rms)
+    objective = Objective(net, feature_rms, recipe.unroll)
     optimizer = torch.optim.AdamW(trainable, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
     start = time.perf_counter()
