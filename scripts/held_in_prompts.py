@@ -5,9 +5,8 @@ hold out), a few per task, as JSONL for `specdec bench --prompts FILE`.
 
 The data sets are those of `specdec train-drafter` with its defaults and `--chat-prompts 900`
 (scripts/train_drafters.sh): the task mix (2000 prompts), then the everyday chat questions. A prompt's
-sequence number in the concatenated data follows `training.data.build_data` (the prompts of each data set
-answered greedily first, then those sampled at temperature 1); every 20th sequence from the 10th is
-held out by training (`training.train.train`), so those are skipped here.
+sequence number in the concatenated data follows `training.data.sequence_order`, and the sequences
+training holds out (`training.train.held_out_sequences`) are skipped here.
 """
 
 from __future__ import annotations
@@ -20,20 +19,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from specdec.training.data import DataRecipe  # noqa: E402
+from specdec.training.data import DataRecipe, sequence_order  # noqa: E402
+from specdec.training.train import held_out_sequences  # noqa: E402
 
 
 def held_in(recipes: list[DataRecipe], per_task: int, seed: int) -> list[dict]:
-    rows, base = [], 0
-    for recipe in recipes:
+    sequences = []  # (data set, prompt index, task, prompt, temperature) of each sequence of the data
+    for number, recipe in enumerate(recipes):
         pairs = recipe.prompts_text()
-        greedy_share = len(pairs[0 :: len(recipe.temperatures)])
-        for i, (task, text) in enumerate(pairs):
-            share, within = i % len(recipe.temperatures), i // len(recipe.temperatures)
-            sequence = base + (within if share == 0 else greedy_share + within)
-            if (sequence - 10) % 20 != 0:
-                rows.append({"task": task, "prompt": text, "answered_at": recipe.temperatures[share]})
-        base += len(pairs)
+        sequences += [(number, i, *pairs[i], recipe.temperatures[k])
+                      for i, k in sequence_order(len(pairs), len(recipe.temperatures))]
+    held_out = set(held_out_sequences(len(sequences)))
+    kept = sorted(row for s, row in enumerate(sequences) if s not in held_out)  # in prompt order
+    rows = [{"task": task, "prompt": text, "answered_at": temperature} for _, _, task, text, temperature in kept]
     rng = random.Random(f"held-in:{seed}")
     picked = []
     for task in ("chat", "translate", "summarise", "code"):

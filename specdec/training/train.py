@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from ..drafters.nets import DraftConfig, DraftNet, head_dim_for
 from ..drafters.trained import build_net
+from ..errors import SpecdecError
 from ..models import target_identity
 from .data import DistillData
 
@@ -83,6 +84,7 @@ class Windows:
         answer = torch.zeros(data.tokens.numel(), dtype=torch.bool)  # position t predicts an answer token
         for s in sequences:
             answer[int(data.offsets[s]) + int(data.prompt_lengths[s]) - 1 : int(data.offsets[s + 1])] = True
+        self.answer = answer
         self.position_weight = torch.where(answer, 1.0, prompt_weight)
         self.generator = torch.Generator().manual_seed(seed)
         lengths = (data.offsets[1:] - data.offsets[:-1])[sequences].float()
@@ -108,7 +110,8 @@ class Windows:
         index = torch.stack(positions)  # (B, W)
         valid = torch.stack(valid)
         return {"tokens": data.tokens[index], "features": data.features[index].float(), "topk_ids": data.topk_ids[index],
-                "topk_probs": data.topk_probs[index], "valid": valid, "weight": self.position_weight[index] * valid}
+                "topk_probs": data.topk_probs[index], "valid": valid, "weight": self.position_weight[index] * valid,
+                "answer": self.answer[index] & valid}
 
 
 def soft_cross_entropy(logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor,
@@ -175,7 +178,7 @@ class Objective:
     def measure(self, b: dict) -> tuple[float, float]:
         """Agreement at the first draft position, on answer positions."""
         logits, at, _ = self._outputs(b)[0]
-        answers = (b["weight"][:, at] == 1.0).float()
+        answers = b["answer"][:, at].float()
         return agreement(logits, b["topk_ids"][:, at], b["topk_probs"][:, at], self.to_draft, self.net.vocab, answers)
 
 
@@ -218,6 +221,12 @@ def make_config(recipe: TrainRecipe, target) -> DraftConfig:
                        target=target_identity(target))
 
 
+def held_out_sequences(count: int) -> list[int]:
+    """The sequences training holds out to measure on: every 20th from the 10th (across concatenated
+    data sets), or the last one of a very small set."""
+    return list(range(10, count, 20)) or [count - 1]
+
+
 def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: bool = True,
           start: dict | None = None) -> DraftNet:
     """Train a drafter of `recipe.kind` for `target` (a LoadedModel) on `data`; returns it in float32.
@@ -234,7 +243,7 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
         missing, unexpected = net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in start.items()},
                                                   strict=False)
         if missing or unexpected:
-            raise ValueError(f"the drafter to continue from does not fit this recipe: missing {missing}, "
+            raise SpecdecError(f"the drafter to continue from does not fit this recipe: missing {missing}, "
                              f"unexpected {unexpected}")
     initialised = start is None and init_from_target(net, model)
     trainable = [p for p in net.parameters() if p.requires_grad]
@@ -244,7 +253,7 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
         f"({covered:.1%} of the target's probability mass){', layers from the target' if initialised else ''}"
         f"{', continuing from a saved drafter' if start is not None else ''}")
 
-    held_out = list(range(10, data.sequences, 20)) or [data.sequences - 1]  # every 20th, across all data sets
+    held_out = held_out_sequences(data.sequences)
     taken = set(held_out)
     train_windows = Windows(data, [s for s in range(data.sequences) if s not in taken], recipe.window, recipe.seed,
                             recipe.prompt_weight)
