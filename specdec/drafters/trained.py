@@ -93,8 +93,9 @@ def check_target(config: DraftConfig, identity: dict, directory) -> None:
                 f"`specdec train-drafter --target {identity.get('name')}`")
 
 
-def load_net(directory: str | Path, target) -> DraftNet:
-    """The drafter's network for `target` (a LoadedModel), in the target's dtype and device."""
+def read_net(directory: str | Path, target) -> DraftNet:
+    """The drafter's network saved in `directory`, checked to be for `target` (a LoadedModel), as
+    saved: plain modules on the CPU (what training continues from)."""
     from safetensors.torch import load_file
 
     from ..models import target_identity
@@ -110,11 +111,17 @@ def load_net(directory: str | Path, target) -> DraftNet:
     missing, unexpected = net.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise SpecdecError(f"{directory / WEIGHTS_FILE} does not match its config: missing {missing}, unexpected {unexpected}")
+    return net
+
+
+def load_net(directory: str | Path, target) -> DraftNet:
+    """The drafter's network for `target` (a LoadedModel), in the target's dtype and device, on the
+    bf16 kernels or pre-packed for oneDNN where those apply."""
     from ..backends import kernels
     from ..backends.lean import can_pack
 
     device = target.model.device
-    net = net.to(device=device, dtype=target.dtype).eval()
+    net = read_net(directory, target).to(device=device, dtype=target.dtype).eval()
     if target.dtype == torch.bfloat16 and device.type == "cpu":
         kern = kernels.load()
         if kern is not None:

@@ -38,10 +38,8 @@ def _train_drafter(args: argparse.Namespace) -> int:
     if args.chat_prompts < 0:
         raise SpecdecError("--chat-prompts must be 0 or more")
     size = SIZES[args.size] if args.kind == "draft-lm" else dict(layers=1, ffn=1536)
-    start, earlier = None, None
-    if args.init:
-        from safetensors.torch import load_file
-
+    earlier = None
+    if args.init:  # checked before the target loads; its weights are read (and checked against it) below
         from ..drafters.trained import read_config
 
         if not is_trained_drafter(args.init):
@@ -51,8 +49,6 @@ def _train_drafter(args: argparse.Namespace) -> int:
             raise SpecdecError(f"--init {args.init} is a {earlier.kind} drafter, not {args.kind}: use --kind {earlier.kind}")
         size = dict(layers=earlier.layers, ffn=earlier.ffn)
         args.layers, args.ffn, args.medusa_heads = None, None, earlier.medusa_heads
-        start = load_file(str(Path(args.init) / "model.safetensors"))
-        args.vocab = int(start["vocab"].numel())
     recipe = TrainRecipe(kind=args.kind, layers=args.layers or size["layers"], ffn=args.ffn or size["ffn"],
                          medusa_heads=args.medusa_heads, vocab_size=args.vocab, steps=args.steps,
                          minutes=args.minutes if args.minutes is not None else 30.0, batch=args.batch, seed=args.seed,
@@ -61,15 +57,16 @@ def _train_drafter(args: argparse.Namespace) -> int:
     target = load_model(args.target, args.dtype, args.device)
     recipes = [DataRecipe(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.data_seed,
                           batch=args.data_batch)]
-    if args.chat_prompts:
+    if args.chat_prompts:  # short prompts: twice the rows per batch
         recipes.append(DataRecipe(prompts=args.chat_prompts, max_new_tokens=args.chat_max_new_tokens,
                                   seed=args.data_seed, batch=args.data_batch * 2, mix="chat"))
-    data = DistillData.concat([build_data(target, r, log) for r in recipes])
+    start = None
     if earlier is not None:
-        from ..drafters.trained import check_target
-        from ..models import target_identity
+        from ..drafters.trained import read_net
 
-        check_target(earlier, target_identity(target), args.init)
+        start = read_net(args.init, target)
+        recipe.vocab_size = start.vocab.numel()
+    data = DistillData.concat([build_data(target, r, log) for r in recipes])
     net = train(target, data, recipe, log, start=start)
     if earlier is not None:
         net.config.recipe["continued_from"] = {"path": str(args.init), "recipe": earlier.recipe}

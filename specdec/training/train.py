@@ -31,7 +31,6 @@ import torch.nn.functional as F
 
 from ..drafters.nets import DraftConfig, DraftNet, head_dim_for
 from ..drafters.trained import build_net
-from ..errors import SpecdecError
 from ..models import target_identity
 from .data import DistillData
 
@@ -81,11 +80,10 @@ class Windows:
 
     def __init__(self, data: DistillData, sequences: list[int], window: int, seed: int, prompt_weight: float):
         self.data, self.sequences, self.window = data, sequences, window
-        answer = torch.zeros(data.tokens.numel(), dtype=torch.bool)  # position t predicts an answer token
+        self.answer = torch.zeros(data.tokens.numel(), dtype=torch.bool)  # position t predicts an answer token
         for s in sequences:
-            answer[int(data.offsets[s]) + int(data.prompt_lengths[s]) - 1 : int(data.offsets[s + 1])] = True
-        self.answer = answer
-        self.position_weight = torch.where(answer, 1.0, prompt_weight)
+            self.answer[int(data.offsets[s]) + int(data.prompt_lengths[s]) - 1 : int(data.offsets[s + 1])] = True
+        self.prompt_weight = prompt_weight
         self.generator = torch.Generator().manual_seed(seed)
         lengths = (data.offsets[1:] - data.offsets[:-1])[sequences].float()
         self.weights = lengths.clamp(max=window)  # longer sequences are drawn more often
@@ -109,9 +107,10 @@ class Windows:
             valid.append(torch.arange(w) < n)
         index = torch.stack(positions)  # (B, W)
         valid = torch.stack(valid)
+        answer = self.answer[index] & valid
         return {"tokens": data.tokens[index], "features": data.features[index].float(), "topk_ids": data.topk_ids[index],
-                "topk_probs": data.topk_probs[index], "valid": valid, "weight": self.position_weight[index] * valid,
-                "answer": self.answer[index] & valid}
+                "topk_probs": data.topk_probs[index], "valid": valid, "answer": answer,
+                "weight": torch.where(answer, 1.0, self.prompt_weight) * valid}
 
 
 def soft_cross_entropy(logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor,
@@ -138,7 +137,7 @@ def agreement(logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Te
 class Objective:
     """The loss and the held-out measurements of one kind."""
 
-    def __init__(self, net: DraftNet, feature_rms: float, unroll: int = 2):
+    def __init__(self, net: DraftNet, feature_rms: float, unroll: int):
         self.net, self.kind, self.feature_rms, self.unroll = net, net.config.kind, feature_rms, max(1, unroll)
         width = int(max(net.vocab.max() + 1, net.embed.shape[0]))
         self.to_draft = torch.full((width,), -1, dtype=torch.long)
@@ -228,23 +227,20 @@ def held_out_sequences(count: int) -> list[int]:
 
 
 def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: bool = True,
-          start: dict | None = None) -> DraftNet:
+          start: DraftNet | None = None) -> DraftNet:
     """Train a drafter of `recipe.kind` for `target` (a LoadedModel) on `data`; returns it in float32.
-    `start`: the state dict of a saved drafter of the same kind and sizes to continue from (its
-    draft vocabulary is kept)."""
+    `start`: a saved drafter of the same kind and sizes to continue from (`drafters.trained.read_net`;
+    its draft vocabulary is kept)."""
     from tqdm import tqdm
 
     torch.manual_seed(recipe.seed)
     model = target.model
-    vocab = start["vocab"].long() if start is not None else draft_vocabulary(data, recipe.vocab_size, target.eos_token_ids)
-    config = make_config(recipe, target)
-    net = build_net(config, vocab, model).float()
     if start is not None:
-        missing, unexpected = net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in start.items()},
-                                                  strict=False)
-        if missing or unexpected:
-            raise SpecdecError(f"the drafter to continue from does not fit this recipe: missing {missing}, "
-                             f"unexpected {unexpected}")
+        net = start.float()
+    else:
+        net = build_net(make_config(recipe, target), draft_vocabulary(data, recipe.vocab_size, target.eos_token_ids),
+                        model).float()
+    vocab = net.vocab
     initialised = start is None and init_from_target(net, model)
     trainable = [p for p in net.parameters() if p.requires_grad]
     size = sum(p.numel() for p in trainable)
