@@ -1,33 +1,60 @@
 """`specdec verify`: an exactness conformance check for a user's own target and drafter.
 
-Three checks, each PASS or FAIL with its numbers:
+Three checks, each PASS or FAIL with its numbers. Their statistical tests form one family whose
+chance of any false alarm is at most α (10⁻³) by Holm's correction (`exactness`):
 
-1. Distribution. For each prompt, N continuations of k tokens by plain sampling and N by
-   speculative sampling, independent seeds: two-sample total-variation test on the k-token law;
-   and the first tokens of the speculative samples against the target's exact next-token law
-   (one-sample test). Thresholds and power come from `exactness` (derived, no magic constants).
-2. Greedy parity. Speculative greedy vs plain greedy, token for token. In float32 they must match.
-   In reduced precision a pass over several positions rounds differently from a pass over one, so
-   at a near-tie of the top two logits the argmax can flip. Each divergence is reported with the
-   target's top-2 logit gap there and is explained only if the gap is within the rounding noise of
-   the dtype at that logit scale: gap <= 2 · eps(dtype) · max|logit| · sqrt(layers), i.e. a few
-   units in the last place of the largest logit, grown like a random walk through the layers.
-3. Acceptance sanity. Given the run, position i is accepted with probability β_i = Σ min(p_i, q_i),
-   so (accepted − Σβ) / sqrt(Σβ(1−β)) is approximately standard normal; |z| > 3.29 (two-sided
-   p < 0.001) fails. A verifier whose q is not the distribution the draft was drawn from fails here.
+1. Distribution, per prompt: N speculative continuations of k tokens. Their first tokens against
+   the target's exact next-token law (χ² goodness of fit); their k-token law against N' plain
+   continuations (χ² homogeneity). Then long speculative continuations, every token of which is
+   turned into a randomised PIT value against the target's law given its prefix (scored afresh,
+   with the target's own one-position numerics): uniform if and only if every round, every bonus
+   token, every rollback and every catch-up of the drafter left the law alone. The bonus tokens
+   alone (the target's token after an all-accepted round, drawn from p_{k+1}) get the same test.
+   Each test reports the smallest TV it catches with 90 % power, simulated from the measured law.
+2. Greedy parity. Speculative greedy vs plain greedy, token for token, over long continuations.
+   A divergence is explained only when both passes ran the same numeric path and the target's
+   top-2 gap there is within twice the rounding difference measured between that pass's row count
+   and a one-position pass at that very position; otherwise it FAILs, naming both passes. (On a
+   row-invariant path the measured difference is 0, so every divergence fails.)
+3. Acceptance. At each draft position i, the verifier accepts with probability β_i = Σ min(p, q)
+   given the past, so accepted − Σβ is a martingale: a z-test per position and one overall. A q
+   that is not the distribution the draft was drawn from, an acceptance rule off by a bonus or a
+   position, fails here.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from .config import SamplingParams, SpecConfig
-from .exactness import one_sample_check, sample_continuations, two_sample_check
+from .exactness import (StatTest, acceptance_z, detectable_tv, goodness_of_fit, holm, homogeneity, randomized_pit,
+                        sample_continuations, uniformity)
 from .sampling import probs
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How hard `specdec verify` looks. The defaults catch a TV of 0.05 on the first token with 90 %
+    power on the built-in model (README: "Exactness"); `quick()` is for CI."""
+
+    samples: int = 4000
+    """Speculative continuations per prompt (first-token and k-token tests)."""
+    plain_samples: int = 1500
+    """Plain continuations per prompt (the k-token test's reference)."""
+    k: int = 2
+    long_runs: int = 24
+    """Long speculative continuations per prompt for the PIT tests."""
+    long_tokens: int = 96
+    parity_tokens: int = 96
+    alpha: float = 1e-3
+    """The family-wise false-alarm rate."""
+
+    @staticmethod
+    def quick() -> "Settings":
+        return Settings(samples=800, plain_samples=400, long_runs=8, long_tokens=48, parity_tokens=48)
 
 
 @dataclass
@@ -36,9 +63,11 @@ class Check:
     passed: bool
     lines: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)
+    tests: list[StatTest] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "passed": self.passed, "details": self.lines, **self.data}
+        return {"name": self.name, "passed": self.passed, "details": self.lines,
+                "tests": [t.to_dict() for t in self.tests], **self.data}
 
 
 @dataclass
@@ -53,9 +82,17 @@ class Report:
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
 
+    @property
+    def detectable_tv(self) -> float | None:
+        """The largest of the first-token tests' detectable TVs: what this run could surely see."""
+        values = [t.detectable_tv for c in self.checks for t in c.tests
+                  if t.detectable_tv is not None and "first token" in t.name]
+        return max(values) if values else None
+
     def to_dict(self) -> dict:
         return {"target": self.target, "drafter": self.drafter, "dtype": self.dtype, "sampling": self.sampling,
-                "passed": self.passed, "checks": [c.to_dict() for c in self.checks]}
+                "passed": self.passed, "detectable_tv": self.detectable_tv,
+                "checks": [c.to_dict() for c in self.checks]}
 
     def to_text(self) -> str:
         out = [f"specdec verify: target {self.target}, drafter {self.drafter}, dtype {self.dtype}, "
@@ -63,106 +100,180 @@ class Report:
         for c in self.checks:
             out.append(f"[{'PASS' if c.passed else 'FAIL'}] {c.name}")
             out += [f"    {line}" for line in c.lines]
+            out += [f"    {t.describe()}" for t in c.tests]
+        if self.detectable_tv is not None:
+            out.append(f"power: this run catches a first-token TV of {self.detectable_tv:.3f} with 90% probability")
         out.append("ALL PASS" if self.passed else "FAILED")
         return "\n".join(out)
 
 
 @torch.inference_mode()
-def next_token_law(backend, prompt_ids: list[int], sampling: SamplingParams) -> dict:
-    backend.prefill(torch.tensor(prompt_ids[:-1]))
-    logits = backend.forward(torch.tensor(prompt_ids[-1:]))
+def target_probs(backend, prompt_ids: list[int], tokens: list[int], sampling: SamplingParams) -> torch.Tensor:
+    """(len(tokens), V) the target's warped law of each token given its prefix, computed as plain
+    decoding computes it: in passes of at most `fast_rows` positions (one where there is no
+    row-invariant path), so a check at thousands of tokens does not see the rounding of long passes."""
+    sequence = list(prompt_ids) + list(tokens)
+    chunk = backend.fast_rows or 1
+    backend.prefill(torch.tensor(sequence[: len(prompt_ids) - 1]))
+    rows = []
+    for start in range(len(prompt_ids) - 1, len(sequence) - 1, chunk):
+        rows.append(backend.forward(torch.tensor(sequence[start : min(start + chunk, len(sequence) - 1)])))
     backend.rollback(len(prompt_ids) - 1)
-    dist = probs(logits, sampling)[0].double()
-    nz = dist.nonzero().flatten().tolist()
-    return {(t,): float(dist[t]) for t in nz}
+    return probs(torch.cat(rows), sampling)
 
 
-def distribution_check(plain, spec, backend, prompts: list[list[int]], sampling: SamplingParams, gamma, k: int,
-                       samples: int, seed: int, delta: float, stats_sink: list) -> Check:
-    checks, lines = [], []
+def next_token_law(backend, prompt_ids: list[int], sampling: SamplingParams) -> dict:
+    dist = target_probs(backend, prompt_ids, prompt_ids[-1:], sampling)[0].double()
+    return {(t,): float(dist[t]) for t in dist.nonzero().flatten().tolist()}
+
+
+def long_runs(spec, backend, ids: list[int], sampling: SamplingParams, gamma, settings: Settings, seed: int,
+              stats_sink: list) -> tuple[list[float], list[float]]:
+    """PIT values of every token, and of the bonus tokens alone, of `long_runs` speculative runs."""
+    pit_all, pit_bonus = [], []
+    noise = torch.Generator().manual_seed(seed ^ 0x5EED)  # the PIT's own uniforms, apart from the engine's
+    for r in range(settings.long_runs):
+        run = spec.generate(ids, replace(sampling, seed=seed + r),
+                            SpecConfig(gamma=gamma, max_new_tokens=settings.long_tokens)).run()
+        stats_sink.append(run.stats)
+        if not run.tokens:
+            continue
+        law = target_probs(backend, ids, run.tokens, sampling)
+        u = torch.rand(len(run.tokens), generator=noise).tolist()
+        values = [randomized_pit(law[i], t, u[i]) for i, t in enumerate(run.tokens)]
+        pit_all += values
+        pit_bonus += [values[i] for i in run.stats.bonus_indices()]
+    return pit_all, pit_bonus
+
+
+def distribution_check(plain, spec, backend, prompts: list[list[int]], sampling: SamplingParams, gamma,
+                       settings: Settings, seed: int, stats_sink: list) -> Check:
+    tests, pit_all, pit_bonus = [], [], []
     for i, ids in enumerate(prompts):
-        plain_counts = sample_continuations(plain, ids, k, sampling, 0, samples, seed + 10_000_000 * i)
-        spec_counts = sample_continuations(spec, ids, k, sampling, gamma, samples, seed + 10_000_000 * i + 5_000_000,
-                                           stats_sink)
-        two = two_sample_check(f"prompt {i}: {k}-token law, speculative vs plain", spec_counts, plain_counts, delta)
+        base = seed + 10_000_000 * i
+        spec_counts = sample_continuations(spec, ids, settings.k, sampling, gamma, settings.samples, base, stats_sink)
+        plain_counts = sample_continuations(plain, ids, settings.k, sampling, 0, settings.plain_samples,
+                                            base + 5_000_000)
         first: Counter = Counter()
         for key, count in spec_counts.items():
             first[key[:1]] += count
-        one = one_sample_check(f"prompt {i}: first token vs the target's exact law", first,
-                               next_token_law(backend, ids, sampling), delta)
-        for c in (two, one):
-            checks.append(c)
-            lines.append(f"{c.name}: TV {c.distance:.4f} vs threshold {c.threshold:.4f} "
-                         f"({'ok' if c.passed else 'TOO FAR'}); N={c.samples}, {c.support} outcomes, "
-                         f"detects TV >= {c.detectable_tv:.3f} with prob >= {1 - c.delta:g}")
+        tests.append(goodness_of_fit(f"prompt {i}: first token vs the target's exact law", first,
+                                     next_token_law(backend, ids, sampling)))
+        tests.append(homogeneity(f"prompt {i}: {settings.k}-token law, speculative vs plain", spec_counts,
+                                 plain_counts))
+        values, bonus = long_runs(spec, backend, ids, sampling, gamma, settings, base + 7_000_000, stats_sink)
+        pit_all += values
+        pit_bonus += bonus
+    tests.append(uniformity("every token of long runs given its prefix (PIT)", pit_all))
+    tests.append(uniformity("bonus tokens after all-accepted rounds given their prefix (PIT)", pit_bonus))
     drafted = sum(s.drafted for s in stats_sink)
-    lines.append(f"speculative samples drafted {drafted} tokens, accepted {sum(s.accepted for s in stats_sink)}")
-    passed = all(c.passed for c in checks) and drafted > 0
+    lines = [f"speculative runs drafted {drafted} tokens, accepted {sum(s.accepted for s in stats_sink)}; "
+             f"{len(pit_all)} tokens of long runs, {len(pit_bonus)} of them bonus tokens"]
     if drafted == 0:
         lines.append("the drafter proposed nothing on these prompts, so the verifier was never exercised")
-    return Check("distribution", passed, lines, {"tests": [c.to_dict() for c in checks], "drafted": drafted})
+    return Check("distribution", drafted > 0, lines, {"drafted": drafted}, tests)
 
 
-def near_tie_tolerance(dtype: torch.dtype, logits: torch.Tensor, layers: int) -> float:
-    """2 · eps(dtype) · max|logit| · sqrt(layers): the rounding noise a logit can carry."""
-    return 2 * torch.finfo(dtype).eps * float(logits.abs().max()) * math.sqrt(max(layers, 1))
+def acceptance_check(stats: list) -> Check:
+    """A z-test per draft position and one over all positions."""
+    tests: list[StatTest] = []
+    width = max((len(s.position_tested) for s in stats), default=0)
+    totals = [0, 0.0, 0.0, 0]
+    for i in range(width):
+        accepted = sum(s.position_accepted[i] for s in stats if i < len(s.position_accepted))
+        tested = sum(s.position_tested[i] for s in stats if i < len(s.position_tested))
+        beta = sum(s.position_beta_sum[i] for s in stats if i < len(s.position_beta_sum))
+        beta_sq = sum(s.position_beta_sq_sum[i] for s in stats if i < len(s.position_beta_sq_sum))
+        for j, value in enumerate((accepted, beta, beta_sq, tested)):
+            totals[j] += value
+        if tested:
+            tests.append(acceptance_z(f"draft position {i + 1}: accepted {accepted}/{tested} vs Σβ {beta:.1f}",
+                                      accepted, beta, beta_sq, tested))
+    if not totals[3]:
+        return Check("acceptance", True, ["no draft position was tested: nothing to compare"], {"tested": 0})
+    accepted, beta, beta_sq, tested = totals
+    tests.append(acceptance_z(f"all positions: accepted {accepted}/{tested} vs Σβ {beta:.1f}", accepted, beta,
+                              beta_sq, tested))
+    lines = [f"count estimate α = {accepted / tested:.4f}, mean β = Σmin(p,q)/n = {beta / tested:.4f}"]
+    return Check("acceptance", True, lines, {"alpha_count": accepted / tested, "beta_mean": beta / tested,
+                                             "tested": tested}, tests)
 
 
 @torch.inference_mode()
-def greedy_parity_check(plain, spec, backend, prompts: list[list[int]], max_new_tokens: int, gamma,
-                        dtype: torch.dtype, layers: int) -> Check:
+def reproduce(backend, sequence: list[int], prompt_len: int, index: int, round_start: int,
+              rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's logits for generated token `index` of `sequence` twice: from a one-position pass
+    (plain decoding's) and from row index - round_start of a `rows`-position pass (the pass
+    speculation ran there; positions after that row are filled in, which cannot change it)."""
+    at = prompt_len + index - 1  # the position whose logits predict the token
+    backend.prefill(torch.tensor(sequence[:at]))
+    one = backend.forward(torch.tensor(sequence[at : at + 1]))[0]
+    first = prompt_len + round_start - 1
+    inputs = sequence[first : at + 1]
+    inputs = inputs + [inputs[-1]] * (rows - len(inputs))
+    backend.prefill(torch.tensor(sequence[:first]))
+    many = backend.forward(torch.tensor(inputs))[index - round_start]
+    backend.rollback(first)
+    return one, many
+
+
+@torch.inference_mode()
+def greedy_parity_check(plain, spec, backend, prompts: list[list[int]], max_new_tokens: int, gamma) -> Check:
     lines, divergences, failed = [], [], False
     greedy = SamplingParams(temperature=0.0)
     for i, ids in enumerate(prompts):
         expected = plain.generate(ids, greedy, SpecConfig(gamma=0, max_new_tokens=max_new_tokens)).run().tokens
-        got = spec.generate(ids, greedy, SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)).run().tokens
+        run = spec.generate(ids, greedy, SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)).run()
+        got = run.tokens
         if got == expected:
             lines.append(f"prompt {i}: identical ({len(got)} tokens)")
             continue
         j = next((t for t, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-        context = ids + expected[:j]
-        backend.prefill(torch.tensor(context[:-1]))
-        logits = backend.forward(torch.tensor(context[-1:]))[0]
-        top2 = torch.topk(logits, 2).values
-        gap = float(top2[0] - top2[1])
-        tol = near_tie_tolerance(dtype, logits, layers)
-        explained = dtype != torch.float32 and gap <= tol
+        if j >= min(len(got), len(expected)):  # the same tokens, but one run stopped and the other went on
+            failed = True
+            lines.append(f"prompt {i}: one output stops after token {j}, the other goes on -> NOT explained")
+            divergences.append({"prompt": i, "position": j, "explained": False})
+            continue
+        number, rows = run.stats.pass_of(j)
+        round_start = sum(emitted for _, _, emitted in run.stats.rounds[:number])
+        spec_path, plain_path = backend.numeric_path(rows), backend.numeric_path(1)
+        one, many = reproduce(backend, ids + expected[: j + 1], len(ids), j, round_start, rows)
+        a, b = expected[j], got[j]
+        gap = float(one[a] - one[b])  # the plain pass's margin for its own token
+        delta = abs(gap - float(many[a] - many[b]))
+        explained = spec_path == plain_path and gap <= 2 * delta
         failed |= not explained
-        divergences.append({"prompt": i, "position": j, "top2_gap": gap, "tolerance": tol, "explained": explained})
-        lines.append(f"prompt {i}: diverges at token {j}: top-2 logit gap {gap:.4f}, near-tie tolerance {tol:.4f} "
-                     f"-> {'a near-tie in ' + str(dtype).removeprefix('torch.') if explained else 'NOT a near-tie'}")
+        divergences.append({"prompt": i, "position": j, "top2_gap": gap, "rounding_difference": delta,
+                            "speculative_pass": {"rows": rows, "path": spec_path},
+                            "plain_pass": {"rows": 1, "path": plain_path}, "explained": explained})
+        cause = (f"speculative pass of {rows} positions on {spec_path}, plain pass of 1 on {plain_path}; "
+                 f"gap {gap:.4g} between the two tokens, moved by {delta:.4g} between the two row counts")
+        verdict = ("explained: a near-tie that the row count's rounding flips" if explained else
+                   "NOT explained" + (" (different numeric paths)" if spec_path != plain_path else ""))
+        lines.append(f"prompt {i}: diverges at token {j}: {cause} -> {verdict}")
     return Check("greedy parity", not failed, lines, {"divergences": divergences})
 
 
-def acceptance_check(stats: list) -> Check:
-    accepted = sum(s.accepted for s in stats)
-    beta = sum(s.beta_sum for s in stats)
-    variance = beta - sum(s.beta_sq_sum for s in stats)
-    tested = sum(s.beta_count for s in stats)
-    if tested == 0:
-        return Check("acceptance", True, ["no draft position was tested: nothing to compare"], {"tested": 0})
-    z = (accepted - beta) / math.sqrt(variance) if variance > 0 else (0.0 if accepted == round(beta) else math.inf)
-    passed = abs(z) <= 3.29
-    lines = [f"count estimate α = {accepted / tested:.4f} ({accepted}/{tested} tested positions); "
-             f"mean β = Σmin(p,q)/n = {beta / tested:.4f}; z = {z:.2f} (|z| <= 3.29 passes, two-sided p < 0.001)"]
-    return Check("acceptance", passed, lines, {"alpha_count": accepted / tested, "beta_mean": beta / tested, "z": z,
-                                               "tested": tested})
-
-
-def run_conformance(target_name: str, target_model, plain, spec, backend, prompts: list[list[int]],
-                    sampling: SamplingParams, gamma, k: int = 2, samples: int = 600, seed: int = 0,
-                    parity_tokens: int = 96, delta: float = 1e-3, drafter_name: str = "") -> Report:
-    dtype = next(target_model.parameters()).dtype
+def run_conformance(target_name: str, dtype: torch.dtype, plain, spec, backend, prompts: list[list[int]],
+                    sampling: SamplingParams, gamma, settings: Settings = Settings(), seed: int = 0,
+                    drafter_name: str = "") -> Report:
     report = Report(target_name, drafter_name, str(dtype).removeprefix("torch."),
                     {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-                     "gamma": gamma, "k": k, "samples": samples})
+                     "gamma": gamma, "k": settings.k, "samples": settings.samples,
+                     "plain_samples": settings.plain_samples, "long_runs": settings.long_runs,
+                     "long_tokens": settings.long_tokens, "alpha": settings.alpha})
     stats: list = []
     if sampling.greedy:
         report.checks.append(Check("distribution", True, ["temperature 0: the law is a point mass; see greedy parity"]))
     else:
-        report.checks.append(distribution_check(plain, spec, backend, prompts, sampling, gamma, k, samples, seed,
-                                                delta, stats))
-    layers = getattr(target_model.config.get_text_config(), "num_hidden_layers", 1)
-    report.checks.append(greedy_parity_check(plain, spec, backend, prompts, parity_tokens, gamma, dtype, layers))
+        report.checks.append(distribution_check(plain, spec, backend, prompts, sampling, gamma, settings, seed, stats))
+    report.checks.append(greedy_parity_check(plain, spec, backend, prompts, settings.parity_tokens, gamma))
     report.checks.append(acceptance_check(stats))
+    family = [t for c in report.checks for t in c.tests]
+    holm(family, settings.alpha)
+    level = settings.alpha / max(len(family), 1)  # the strictest step of Holm's: power is at least this
+    for test in family:
+        test.detectable_tv = detectable_tv(test, level)
+    for check in report.checks:
+        check.passed = check.passed and not any(t.rejected for t in check.tests)
     return report

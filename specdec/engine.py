@@ -81,11 +81,43 @@ class SpeculativeEngine:
         if int(prompt.max()) >= self.target.vocab_size or int(prompt.min()) < 0:
             raise SpecdecError(f"prompt token ids must be in [0, {self.target.vocab_size})")
         drafter = self.drafter.for_sampling(sampling) if self.drafter is not None and spec.gamma != 0 else None
+        self._check_free()
         stats = GenerationStats(drafter=drafter.name if drafter else "none", path=self.target.path)
         stats.prompt_tokens = prompt.numel()
         return Generation(self._rounds(prompt, sampling, spec, drafter, stats), stats)
 
+    def _check_free(self) -> None:
+        if self.target.in_use_by is not None:
+            raise SpecdecError(
+                "another generation on this model is still running (its KV cache holds that sequence): "
+                "finish it, or close() it, before starting the next; for concurrent generations use one "
+                "engine per model copy")
+
+    def emitted(self, draft: torch.Tensor, accepted: int, token: int, spec: SpecConfig) -> tuple[list[int], bool]:
+        """The tokens a round adds to the output, and whether the generation ends: the accepted
+        drafts and the target's token, cut after the first end-of-sequence token among them (an
+        accepted draft may be one: nothing after it may be emitted)."""
+        new = draft[:accepted].tolist() + [token]
+        if spec.stop_at_eos:
+            stop = next((i for i, t in enumerate(new) if t in self.eos_token_ids), None)
+            if stop is not None:
+                return new[: stop + 1], True
+        return new, False
+
     def _rounds(
+        self, prompt: torch.Tensor, sampling: SamplingParams, spec: SpecConfig, drafter: Drafter | None,
+        stats: GenerationStats,
+    ) -> Iterator[list[int]]:
+        self._check_free()  # another generation may have started since this one was made
+        owner = object()
+        self.target.in_use_by = owner
+        try:
+            yield from self._decode(prompt, sampling, spec, drafter, stats)
+        finally:
+            if self.target.in_use_by is owner:
+                self.target.in_use_by = None
+
+    def _decode(
         self, prompt: torch.Tensor, sampling: SamplingParams, spec: SpecConfig, drafter: Drafter | None,
         stats: GenerationStats,
     ) -> Iterator[list[int]]:
@@ -96,7 +128,8 @@ class SpeculativeEngine:
         context = torch.empty(prompt.numel() + budget, dtype=torch.long)  # prompt + generated tokens
         context[: prompt.numel()] = prompt
         length = prompt.numel()
-        policy = GammaPolicy(spec, prior_c=drafter.cost_prior if drafter is not None else 0.0)
+        policy = GammaPolicy(spec, prior_c=drafter.cost_prior if drafter is not None else 0.0,
+                             fast_rows=target.fast_rows)
 
         start = time.perf_counter()
         target.prefill(prompt[:-1])  # reuses what the cache already holds of this prompt
@@ -124,18 +157,15 @@ class SpeculativeEngine:
             t2 = time.perf_counter()
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
-            stats.record_round(draft.numel(), n, verdict.beta)
             policy.observe(draft.numel(), n, t1 - t0, t2 - t1)
 
-            new = draft[:n].tolist() + [verdict.token]
-            stop = next((i for i, t in enumerate(new) if t in self.eos_token_ids), None) if spec.stop_at_eos else None
-            if stop is not None:
-                new = new[: stop + 1]
+            new, stop = self.emitted(draft, n, verdict.token, spec)
+            stats.record_round(draft.numel(), n, verdict.beta, emitted=len(new))
             context[length : length + len(new)] = torch.tensor(new)
             length += len(new)
             stats.new_tokens = length - prompt.numel()
             stats.decode_seconds = time.perf_counter() - start
             yield new
-            if stop is not None:
+            if stop:
                 stats.finish_reason = "stop"
                 break

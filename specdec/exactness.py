@@ -1,27 +1,38 @@
 """Statistics for checking that speculative sampling follows the target's law.
 
-Distances are total variation, TV(a, b) = ½ Σ |a(x) - b(x)|. Thresholds are derived, not tuned:
+Every check is a hypothesis test with a p-value, and one run's tests form one family whose
+false-alarm rate is held at α (default 10⁻³) by Holm's step-down correction. The tests:
 
-- one sample of N draws from a known law P: E[TV(P̂, P)] ≤ ½ Σ_x sqrt(P(x)(1 - P(x)) / N)
-  (Jensen on each |P̂(x) - P(x)|), and TV moves by at most 1/N when one draw changes, so by
-  McDiarmid TV(P̂, P) exceeds its mean by t with probability ≤ exp(-2 N t²). The check fails when
-  TV > mean bound + sqrt(ln(1/δ) / (2N)): a false alarm has probability ≤ δ.
-- two samples of N1 and N2 draws from one unknown law: the same argument with the triangle
-  inequality through the common law, estimated by the pooled sample; McDiarmid with 1/N1 and 1/N2.
+- `goodness_of_fit`: counts against an exactly known law (the first token against the target's
+  warped next-token distribution): Pearson's χ² with cells of expected count < 5 pooled.
+- `homogeneity`: two samples that should share an unknown law (k-token continuations, speculative
+  vs plain): χ² on the 2 × C table, cells seen < 10 times in the pooled sample pooled. Both pooling
+  rules are fixed before looking and read only what is the same under the null (the law, or the
+  pooled counts), so they keep a true null true.
+- `uniformity`: randomised probability integral transforms, u = P(Y before x) + U·p(x) with the
+  target's tokens ordered by probability, are i.i.d. uniform when every emitted token follows the
+  target's law given its prefix (Rosenblatt). This looks at every token of long continuations:
+  later rounds, bonus tokens, rollback, a drafter's catch-up. χ² on equal-width bins.
+- `acceptance_z`: accepted drafts at one draft position against Σβ, β = Σ min(p, q), the
+  acceptance probability the verifier itself reports; (A − Σβ) / sqrt(Σβ(1 − β)) is normal.
 
-Power: a law at TV distance D from the reference is caught (with probability ≥ 1 - δ) once
-D > threshold + mean bound, which `detectable_tv` reports.
+Power is measured, not bounded: `detectable_tv` simulates the test on laws at total-variation
+distance d from the measured one, in the direction that is hardest for χ² (mass moved between the
+two halves of the law in proportion to it, which also is what a wrong temperature or an
+unwarped q does), and returns the smallest d caught with 90 % probability at the test's share
+α/m of the family's error rate.
 
-Example: a fair coin sampled N = 10,000 times: the mean bound is ½·2·sqrt(0.25/10⁴) = 0.005 and
-with δ = 10⁻³ the slack is sqrt(ln 1000 / 20000) = 0.0186, so TV above 0.0236 fails.
+Example: a fair coin sampled N = 10,000 times, 5,100 heads: χ² = 4.0 on 1 degree of freedom,
+p = 0.046; at α = 10⁻³ it passes, and the test catches TV ≥ 0.023 with 90 % power.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 
@@ -35,63 +46,202 @@ def empirical(counts: Counter) -> dict:
     return {x: c / total for x, c in counts.items()}
 
 
-def mean_tv_bound(law: dict, n: int) -> float:
-    """Upper bound on E[TV(P̂_n, P)] for n draws from P."""
-    return 0.5 * sum(math.sqrt(p * (1 - p) / n) for p in law.values())
+def chi2_sf(statistic, df: int):
+    """P(χ²_df ≥ statistic), the regularised upper incomplete gamma Q(df/2, statistic/2); works on
+    floats and on numpy arrays."""
+    if df <= 0:
+        return np.ones_like(statistic, dtype=float) if isinstance(statistic, np.ndarray) else 1.0
+    x = torch.as_tensor(np.asarray(statistic, dtype=np.float64) / 2)
+    out = torch.special.gammaincc(torch.full_like(x, df / 2), x).numpy()
+    return out if isinstance(statistic, np.ndarray) else float(out)
+
+
+def normal_sf_two_sided(z: float) -> float:
+    return math.erfc(abs(z) / math.sqrt(2))
+
+
+POWER = 0.9
+"""The power at which `detectable_tv` is reported."""
 
 
 @dataclass
-class TVCheck:
-    name: str
-    distance: float
-    threshold: float
-    detectable_tv: float
-    samples: int
-    support: int
-    delta: float
+class StatTest:
+    """One hypothesis test of the family; `rejected` and `adjusted_p` are set by `holm`."""
 
-    @property
-    def passed(self) -> bool:
-        return self.distance <= self.threshold
+    name: str
+    statistic: float
+    df: int
+    p_value: float
+    samples: int
+    kind: str = "chi2"  # chi2 or z
+    cells: list[float] = field(default_factory=list, repr=False)
+    """The law the power simulation starts from (goodness of fit: the null law over the pooled
+    cells; homogeneity: the pooled empirical law); empty where power is not simulated."""
+    sizes: tuple[int, ...] = ()
+    adjusted_p: float | None = None
+    rejected: bool = False
+    detectable_tv: float | None = None
+
+    def describe(self) -> str:
+        stat = f"χ² {self.statistic:.1f} on {self.df} df" if self.kind == "chi2" else f"z {self.statistic:+.2f}"
+        power = (f", detects TV ≥ {self.detectable_tv:.3f} with {POWER:.0%} power" if self.detectable_tv is not None
+                 and math.isfinite(self.detectable_tv) else "")
+        adjusted = f" (Holm-adjusted {self.adjusted_p:.2g})" if self.adjusted_p is not None else ""
+        return (f"{self.name}: {stat}, p = {self.p_value:.3g}{adjusted}, N = {self.samples}{power} -> "
+                f"{'REJECTED' if self.rejected else 'ok'}")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "passed": self.passed}
+        return {"name": self.name, "kind": self.kind, "statistic": self.statistic, "df": self.df,
+                "p_value": self.p_value, "adjusted_p": self.adjusted_p, "samples": self.samples,
+                "rejected": self.rejected, "detectable_tv": self.detectable_tv}
+
+
+def _pool(cells: dict, size: dict, floor: float, other: object) -> dict:
+    """Keep the outcomes whose `size` reaches `floor`, pool the others into `other`; a pooled cell
+    still below the floor joins the smallest kept one. Returns {outcome or other: [members]}."""
+    kept = {x: [x] for x in cells if size[x] >= floor}
+    rest = [x for x in cells if size[x] < floor]
+    if rest:
+        if sum(size[x] for x in rest) >= floor or not kept:
+            kept[other] = rest
+        else:
+            smallest = min(kept, key=lambda x: size[x])
+            kept[smallest] = kept[smallest] + rest
+    return kept
 
 
 OTHER = ("<other>",)
-"""The bucket rare outcomes are merged into: testing a coarser partition keeps a true null true,
-and without it the thousands of tail tokens of a real vocabulary would swamp the bound."""
 
 
-def coarsen(law: dict, keep: set) -> dict:
-    out = {x: v for x, v in law.items() if x in keep}
-    rest = sum(v for x, v in law.items() if x not in keep)
-    if rest > 0:
-        out[OTHER] = out.get(OTHER, 0) + rest
-    return out
-
-
-def one_sample_check(name: str, counts: Counter, law: dict, delta: float = 1e-3, min_expected: float = 5.0) -> TVCheck:
-    """Draws `counts` against the exact law P (outcomes with N·P < min_expected merged)."""
+def goodness_of_fit(name: str, counts: Counter, law: dict, min_expected: float = 5.0) -> StatTest:
+    """Pearson's χ² of `counts` against the exact law {outcome: probability}. An outcome the law
+    gives no mass (a token the target cannot emit) makes the test reject outright."""
     n = sum(counts.values())
-    keep = {x for x, p in law.items() if n * p >= min_expected}
-    law_c, emp_c = coarsen(law, keep), coarsen(empirical(counts), keep)
-    bound = mean_tv_bound(law_c, n)
-    threshold = bound + math.sqrt(math.log(1 / delta) / (2 * n))
-    return TVCheck(name, tv_distance(emp_c, law_c), threshold, threshold + bound, n, len(law_c), delta)
+    impossible = sum(c for x, c in counts.items() if law.get(x, 0.0) <= 0.0)
+    if impossible:
+        return StatTest(name, math.inf, 0, 0.0, n)
+    groups = _pool({x: p for x, p in law.items() if p > 0}, {x: n * p for x, p in law.items()}, min_expected, OTHER)
+    expected = np.array([n * sum(law[x] for x in members) for members in groups.values()])
+    observed = np.array([sum(counts.get(x, 0) for x in members) for members in groups.values()], dtype=float)
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    df = len(groups) - 1
+    return StatTest(name, statistic, df, chi2_sf(statistic, df), n, cells=list(expected / n), sizes=(n,))
 
 
-def two_sample_check(name: str, counts_a: Counter, counts_b: Counter, delta: float = 1e-3, min_count: int = 10) -> TVCheck:
-    """Two samples that should come from the same law (outcomes seen < min_count times in the
-    pooled sample merged)."""
-    n_a, n_b = sum(counts_a.values()), sum(counts_b.values())
-    pooled_counts = counts_a + counts_b
-    keep = {x for x, c in pooled_counts.items() if c >= min_count}
-    pooled = coarsen(empirical(pooled_counts), keep)
-    bound = mean_tv_bound(pooled, n_a) + mean_tv_bound(pooled, n_b)
-    threshold = bound + math.sqrt(math.log(1 / delta) * (1 / n_a + 1 / n_b) / 2)
-    distance = tv_distance(coarsen(empirical(counts_a), keep), coarsen(empirical(counts_b), keep))
-    return TVCheck(name, distance, threshold, threshold + bound, n_a + n_b, len(pooled), delta)
+def _homogeneity_statistic(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """χ² of 2 × C tables given as rows (..., C) of counts."""
+    n_a, n_b = a.sum(-1, keepdims=True), b.sum(-1, keepdims=True)
+    column = a + b
+    total = n_a + n_b
+    e_a, e_b = column * n_a / total, column * n_b / total
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.where(column > 0, (a - e_a) ** 2 / e_a + (b - e_b) ** 2 / e_b, 0.0)
+    return terms.sum(-1)
+
+
+def homogeneity(name: str, counts_a: Counter, counts_b: Counter, min_count: int = 10) -> StatTest:
+    """χ² test that two samples come from one law."""
+    pooled = counts_a + counts_b
+    groups = _pool(pooled, pooled, min_count, OTHER)
+    a = np.array([sum(counts_a.get(x, 0) for x in m) for m in groups.values()], dtype=float)
+    b = np.array([sum(counts_b.get(x, 0) for x in m) for m in groups.values()], dtype=float)
+    statistic = float(_homogeneity_statistic(a, b))
+    df = len(groups) - 1
+    law = (a + b) / (a + b).sum()
+    return StatTest(name, statistic, df, chi2_sf(statistic, df), int(a.sum() + b.sum()), cells=list(law),
+                    sizes=(int(a.sum()), int(b.sum())))
+
+
+def uniformity(name: str, values: list[float], bins: int | None = None) -> StatTest:
+    """χ² test that values in [0, 1] are uniform, on equal-width bins (≥ 10 expected per bin)."""
+    n = len(values)
+    if n < 20:
+        return StatTest(name, 0.0, 0, 1.0, n)
+    bins = bins or max(2, min(20, n // 10))
+    observed = np.bincount(np.minimum((np.asarray(values) * bins).astype(int), bins - 1), minlength=bins)
+    expected = n / bins
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    return StatTest(name, statistic, bins - 1, chi2_sf(statistic, bins - 1), n)
+
+
+def acceptance_z(name: str, accepted: int, beta_sum: float, beta_sq_sum: float, tested: int) -> StatTest:
+    """Accepted count against Σβ: z = (A − Σβ) / sqrt(Σβ(1 − β))."""
+    variance = beta_sum - beta_sq_sum
+    if variance > 1e-12:
+        z = (accepted - beta_sum) / math.sqrt(variance)
+        p = normal_sf_two_sided(z)
+    else:  # every β was 0 or 1: the count is determined
+        z = 0.0 if abs(accepted - beta_sum) < 0.5 else math.copysign(math.inf, accepted - beta_sum)
+        p = 1.0 if z == 0.0 else 0.0
+    return StatTest(name, z, 0, p, tested, kind="z")
+
+
+def randomized_pit(dist: torch.Tensor, token: int, u: float) -> float:
+    """P(Y ranks before `token`) + u·p(token) for Y ~ dist, tokens ranked by descending probability
+    (ties by id). Uniform on [0, 1] when `token` ~ dist and u ~ U(0, 1) independently."""
+    p_x = float(dist[token])
+    before = float(dist[(dist > p_x) | ((dist == p_x) & (torch.arange(dist.numel()) < token))].sum())
+    return min(max(before + u * p_x, 0.0), 1.0)
+
+
+def holm(tests: list[StatTest], alpha: float) -> None:
+    """Holm's step-down correction: sets adjusted_p and rejected on each test, so that the chance
+    of rejecting any true null in the family is at most alpha."""
+    order = sorted(range(len(tests)), key=lambda i: tests[i].p_value)
+    m, running = len(tests), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * tests[i].p_value))
+        tests[i].adjusted_p = running
+        tests[i].rejected = running <= alpha
+
+
+def _split_direction(law: np.ndarray) -> np.ndarray:
+    """The unit-TV perturbation that is hardest for χ²: mass taken from the most likely cells
+    (about half the law) and given to the rest, each in proportion to its probability."""
+    order = np.argsort(-law, kind="stable")
+    top = np.zeros(law.shape, dtype=bool)
+    mass = 0.0
+    for i in order[:-1]:
+        top[i] = True
+        mass += law[i]
+        if mass >= 0.5:
+            break
+    direction = np.where(top, -law / law[top].sum(), law / law[~top].sum())
+    return direction
+
+
+def detectable_tv(test: StatTest, level: float, power: float = POWER, simulations: int = 300,
+                  seed: int = 0) -> float | None:
+    """The smallest TV distance from the measured law that `test` rejects at `level` with
+    probability `power`, by simulation (None where the test has no law to simulate from;
+    inf where even the largest shift in the hardest direction is not caught)."""
+    law = np.asarray(test.cells, dtype=float)
+    if law.size < 2 or not test.sizes:
+        return None
+    direction = _split_direction(law)
+    limit = float(min(law[direction < 0].sum(), law[direction > 0].sum()))  # the largest d that stays a law
+    rng = np.random.default_rng(seed)
+
+    def caught(d: float) -> float:
+        shifted = np.clip(law + d * direction, 0, None)
+        shifted /= shifted.sum()
+        if len(test.sizes) == 1:  # goodness of fit against `law`
+            n = test.sizes[0]
+            observed = rng.multinomial(n, shifted, size=simulations)
+            statistic = ((observed - n * law) ** 2 / (n * law)).sum(-1)
+        else:
+            a = rng.multinomial(test.sizes[0], law, size=simulations).astype(float)
+            b = rng.multinomial(test.sizes[1], shifted, size=simulations).astype(float)
+            statistic = _homogeneity_statistic(a, b)
+        return float((chi2_sf(statistic, test.df) <= level).mean())
+
+    if caught(limit) < power:
+        return math.inf
+    low, high = 0.0, limit
+    for _ in range(12):
+        middle = (low + high) / 2
+        low, high = (low, middle) if caught(middle) >= power else (middle, high)
+    return high
 
 
 def sample_continuations(engine, prompt_ids: list[int], k: int, sampling, gamma, n: int, seed: int,

@@ -21,8 +21,12 @@ class GammaPolicy:
     DECAY = 0.9  # weight of the past per round in the alpha estimate
     PROBE_EVERY = 8  # rounds of plain decoding between probes when auto chose 0
 
-    def __init__(self, spec: SpecConfig, prior_c: float):
+    def __init__(self, spec: SpecConfig, prior_c: float, fast_rows: int | None = None):
         self.spec = spec
+        self.gamma_max = spec.gamma_max if fast_rows is None else max(1, min(spec.gamma_max, fast_rows - 1))
+        """auto's upper bound: gamma + 1 positions stay on the target's fast path, whose numbers do
+        not depend on the row count (a longer pass would round differently, and greedy output could
+        differ from plain decoding's)."""
         self.accepted = 1.0  # a weak Beta(1, 1)-style prior on alpha
         self.tested = 2.0
         self.c = prior_c
@@ -34,7 +38,7 @@ class GammaPolicy:
         if self.spec.gamma != "auto":
             return min(self.spec.gamma, limit)
         alpha = self.accepted / self.tested
-        gamma = theory.optimal_gamma(alpha, self.c, min(self.spec.gamma_max, limit), self.verify_cost)
+        gamma = theory.optimal_gamma(alpha, self.c, min(self.gamma_max, limit), self.verify_cost)
         if gamma == 0 and limit > 0:
             self.idle_rounds += 1
             if self.idle_rounds % self.PROBE_EVERY == 0:

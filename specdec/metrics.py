@@ -32,16 +32,25 @@ class GenerationStats:
     beta_count: int = 0
     position_tested: list[int] = field(default_factory=list)
     position_accepted: list[int] = field(default_factory=list)
+    position_beta_sum: list[float] = field(default_factory=list)
+    position_beta_sq_sum: list[float] = field(default_factory=list)
+    """Σ β and Σ β² per draft position (sampled rounds), so acceptance can be checked position by position."""
+    rounds: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
+    """(positions scored, drafts accepted, tokens emitted) per target call: which pass produced
+    which token (greedy parity names the pass; bonus tokens are the last of all-accepted rounds).
+    Left out of to_dict."""
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     decode_seconds: float = 0.0
     finish_reason: str = ""
 
-    def record_round(self, drafted: int, accepted: int, beta=None) -> None:
+    def record_round(self, drafted: int, accepted: int, beta=None, emitted: int | None = None) -> None:
         """One round: `drafted` tokens proposed, the first `accepted` of them kept; `beta` is the
-        verifier's (tested,) Σ min(p, q) per tested position, or None on the greedy path."""
+        verifier's (tested,) Σ min(p, q) per tested position, or None on the greedy path; `emitted`
+        the tokens the round added to the output (accepted + 1 unless an end-of-sequence cut it)."""
         self.target_calls += 1
+        self.rounds.append((drafted + 1, accepted, accepted + 1 if emitted is None else emitted))
         if drafted == 0:
             return
         self.rounds_with_draft += 1
@@ -56,9 +65,34 @@ class GenerationStats:
         while len(self.position_tested) < tested:
             self.position_tested.append(0)
             self.position_accepted.append(0)
+            self.position_beta_sum.append(0.0)
+            self.position_beta_sq_sum.append(0.0)
         for i in range(tested):
             self.position_tested[i] += 1
             self.position_accepted[i] += i < accepted
+        if beta is not None:
+            for i, b in enumerate(beta.tolist()):
+                self.position_beta_sum[i] += b
+                self.position_beta_sq_sum[i] += b * b
+
+    def bonus_indices(self) -> list[int]:
+        """Indices (into the generated tokens) of the bonus tokens: the target's own token after a
+        round whose every draft was accepted."""
+        out, index = [], 0
+        for rows, accepted, emitted in self.rounds:
+            if rows > 1 and accepted == rows - 1 and emitted == rows:
+                out.append(index + emitted - 1)
+            index += emitted
+        return out
+
+    def pass_of(self, index: int) -> tuple[int, int]:
+        """(round number, positions scored in that pass) for the generated token at `index`."""
+        start = 0
+        for number, (rows, _, emitted) in enumerate(self.rounds):
+            if index < start + emitted:
+                return number, rows
+            start += emitted
+        raise IndexError(f"token {index} was not generated (the run made {start})")
 
     @property
     def alpha(self) -> float | None:
@@ -103,6 +137,7 @@ class GenerationStats:
 
     def to_dict(self) -> dict:
         out = asdict(self)
+        del out["rounds"]
         for name in ("alpha", "beta", "tau", "c", "mean_gamma", "tokens_per_second", "predicted_speedup"):
             out[name] = getattr(self, name)
         out["acceptance_by_position"] = self.acceptance_by_position()

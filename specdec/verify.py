@@ -69,6 +69,19 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return excess / total if total > 0 else p
 
 
+def accept_prefix(p: torch.Tensor, q: torch.Tensor, draft: torch.Tensor,
+                  uniforms: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """The deterministic core of `verify`: given one uniform per draft position, how many drafts
+    are accepted (x_i is accepted while u_i < min(1, p_i(x_i)/q_i(x_i))) and the distribution the
+    target's own token is then drawn from (the residual at the first rejection, p_{k+1} after
+    all k). p: (k+1, V); q: (k, V); draft, uniforms: (k,)."""
+    k = draft.shape[0]
+    accept = uniforms < acceptance_probability(p[:k], q, draft)  # (k,)
+    rejected = (~accept).nonzero()
+    n = int(rejected[0]) if rejected.numel() else k
+    return n, (p[k] if n == k else residual(p[n], q[n]))
+
+
 def verify(p: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor, generator: torch.Generator) -> Verdict:
     """Accept a prefix of the draft and emit one token, exactly from p.
 
@@ -77,10 +90,7 @@ def verify(p: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor, generat
     k = draft.shape[0]
     if q is None:
         q = point_mass(draft, p.shape[-1])
-    accept = torch.rand(k, generator=generator) < acceptance_probability(p[:k], q, draft)  # (k,)
-    rejected = (~accept).nonzero()
-    n = int(rejected[0]) if rejected.numel() else k
-    dist = p[k] if n == k else residual(p[n], q[n])
+    n, dist = accept_prefix(p, q, draft, torch.rand(k, generator=generator))
     tested = min(n + 1, k)
     beta = torch.minimum(p[:tested], q[:tested]).sum(dim=-1)  # (tested,)
     return Verdict(accepted=n, token=sample(dist, generator), beta=beta)

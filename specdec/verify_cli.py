@@ -13,12 +13,19 @@ def _run(args: argparse.Namespace) -> int:
     from .bench.prompts import load_prompts_file, task_prompts
     from .cli import check_sampling_args
     from .config import SamplingParams
-    from .conformance import run_conformance
+    from .conformance import Settings, run_conformance
     from .engine import SpeculativeEngine
 
     check_sampling_args(args)
-    if args.samples < 20:
-        raise SpecdecError(f"--samples must be at least 20 for the distribution check to mean anything, got {args.samples}")
+    base = Settings.quick() if args.quick else Settings()
+    settings = Settings(samples=args.samples or base.samples, plain_samples=args.plain_samples or base.plain_samples,
+                        k=args.k, long_runs=base.long_runs if args.long_runs is None else args.long_runs,
+                        long_tokens=base.long_tokens, parity_tokens=args.max_new_tokens)
+    if settings.samples < 100 or settings.plain_samples < 100:
+        raise SpecdecError(f"--samples and --plain-samples must be at least 100 for the distribution tests to mean "
+                           f"anything, got {settings.samples} and {settings.plain_samples}")
+    if settings.long_runs < 0:
+        raise SpecdecError(f"--long-runs must be >= 0, got {settings.long_runs}")
     if not 1 <= args.k <= 3:
         raise SpecdecError(f"--k must be 1, 2 or 3, got {args.k}")
     if args.gamma == 0:
@@ -32,22 +39,28 @@ def _run(args: argparse.Namespace) -> int:
     prompts = [sd.encode(t) for t in texts]
     plain = SpeculativeEngine(sd.engine.target, None, sd.target.eos_token_ids)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    report = run_conformance(args.target, sd.target.model, plain, sd.engine, sd.engine.target, prompts, sampling,
-                             args.gamma, k=args.k, samples=args.samples, seed=args.seed or 0,
-                             parity_tokens=args.max_new_tokens, drafter_name=sd.drafter.name)
+    report = run_conformance(args.target, sd.target.dtype, plain, sd.engine, sd.engine.target, prompts, sampling,
+                             args.gamma, settings, seed=args.seed or 0, drafter_name=sd.drafter.for_sampling(sampling).name)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.to_text())
     return 0 if report.passed else 1
 
 
 def register(sub) -> None:
     from .cli import add_model_args, add_sampling_args
+    from .conformance import Settings
 
     verify = sub.add_parser("verify", help="check that speculative sampling follows the target's law (exit 1 on FAIL)")
     add_model_args(verify)
     add_sampling_args(verify)
-    verify.set_defaults(temperature=1.0, max_new_tokens=96)
-    verify.add_argument("--samples", type=int, default=600, help="continuations per method and prompt (default: %(default)s)")
-    verify.add_argument("--k", type=int, default=2, help="continuation length compared, 1-3 (default: %(default)s)")
+    verify.set_defaults(temperature=1.0, max_new_tokens=Settings().parity_tokens)
+    verify.add_argument("--samples", type=int, default=None,
+                        help=f"speculative continuations per prompt (default: {Settings().samples}; --quick {Settings.quick().samples})")
+    verify.add_argument("--plain-samples", type=int, default=None,
+                        help=f"plain continuations per prompt for the k-token test (default: {Settings().plain_samples})")
+    verify.add_argument("--long-runs", type=int, default=None,
+                        help=f"long speculative runs per prompt whose every token is tested (default: {Settings().long_runs})")
+    verify.add_argument("--k", type=int, default=2, help="continuation length compared with plain, 1-3 (default: %(default)s)")
+    verify.add_argument("--quick", action="store_true", help="fewer samples (for CI): catches larger deviations only")
     verify.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="your own prompts")
     verify.add_argument("--num-prompts", type=int, default=1, help="prompts per built-in task (default: %(default)s)")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")

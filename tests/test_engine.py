@@ -203,3 +203,46 @@ def test_by_temperature_drafter_routes_each_generation(target, draft_model):
     assert run.stats.drafter == greedy.name and greedy.calls > 0 and not hasattr(sampled, "calls")
     run = engine.generate(PROMPT, SamplingParams(temperature=1.0, seed=0), SpecConfig(gamma=3, max_new_tokens=20)).run()
     assert run.stats.drafter == sampled.name and sampled.calls > 0
+
+
+# -- defects found by the conformance audit ----------------------------------------------------------
+
+
+def test_a_second_live_generation_on_one_model_is_refused():
+    """Two generations streamed alternately would share one KV cache: both outputs wrong. The
+    second is refused while the first is live, and allowed once it is closed or finished."""
+    from helpers import TableLM
+
+    backend = TableLM(8, seed=1)
+    engine = SpeculativeEngine(backend, PromptLookupDrafter())
+    other = SpeculativeEngine(backend, None)  # another engine on the same model shares its cache too
+    first = engine.generate([1, 2, 3, 1, 2], SamplingParams(), SpecConfig(gamma=2, max_new_tokens=20))
+    next(iter(first))
+    with pytest.raises(SpecdecError, match="still running"):
+        other.generate([4, 5, 6], SamplingParams(), SpecConfig(max_new_tokens=5))
+    first.close()
+    assert other.generate([4, 5, 6], SamplingParams(), SpecConfig(max_new_tokens=5)).run().tokens
+    made_early = engine.generate([1, 2, 3], SamplingParams(), SpecConfig(max_new_tokens=5))
+    running = other.generate([4, 5, 6], SamplingParams(), SpecConfig(max_new_tokens=5))
+    next(iter(running))
+    with pytest.raises(SpecdecError, match="still running"):
+        next(iter(made_early))  # made before the other started, refused when it starts
+
+
+def test_auto_gamma_stays_on_the_fast_path():
+    """gamma = auto scores at most fast_rows positions a pass (17 rows fell off the 16-row kernels)."""
+    from helpers import TableLM
+
+    backend = TableLM(8, seed=2, fast_rows=5)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7] * 3
+    engine = SpeculativeEngine(backend, PromptLookupDrafter())
+    engine.generate(prompt, SamplingParams(), SpecConfig(gamma="auto", max_new_tokens=60)).run()
+    decode_calls = backend.calls[1:]  # the first is the prefill
+    assert max(decode_calls) == 5, decode_calls
+
+
+def test_draft_model_with_a_narrower_vocabulary_is_refused():
+    from helpers import TableLM
+
+    with pytest.raises(SpecdecError, match="knows 6 token ids but the target can emit 8"):
+        ModelDrafter(TableLM(6), 8)

@@ -1,11 +1,15 @@
-"""The law the verifier emits, built from its own acceptance and residual code, equals p."""
+"""The law the verifier emits equals p: from its acceptance and residual pieces for one token, and
+from `accept_prefix` (the decisions `verify` makes, with the uniforms forced) for whole
+multi-round sequences of 2 and 3 tokens, with a negative control that the same computation sees a
+broken residual."""
 
 import pytest
 import torch
 
 from specdec.config import SamplingParams
 from specdec.sampling import probs
-from specdec.verify import acceptance_probability, point_mass, residual, verify, verify_greedy
+import specdec.verify
+from specdec.verify import accept_prefix, acceptance_probability, point_mass, residual, verify, verify_greedy
 
 V = 12
 
@@ -118,3 +122,137 @@ def test_verify_greedy():
     assert (v.accepted, v.token) == (1, 4)
     v = verify_greedy(argmax[:1], torch.zeros(0, dtype=torch.long))
     assert (v.accepted, v.token) == (0, 3)
+
+
+# -- whole sequences, through the verifier's own decisions -------------------------------------------
+
+SMALL_V = 4
+
+
+def chain(generator, zeros: int = 0):
+    """A random law over token sequences: next(prefix) -> (V,) distribution, fixed per prefix."""
+    table = {}
+
+    def next_law(prefix: tuple) -> torch.Tensor:
+        if prefix not in table:
+            d = torch.rand(SMALL_V, generator=generator, dtype=torch.float64) ** 2
+            if zeros:
+                d[torch.randperm(SMALL_V, generator=generator)[:zeros]] = 0
+            table[prefix] = d / d.sum()
+        return table[prefix]
+
+    return next_law
+
+
+def true_law(p_next, depth: int, prefix: tuple = ()) -> dict:
+    if depth == 0:
+        return {(): 1.0}
+    out = {}
+    for t, pt in enumerate(p_next(prefix).tolist()):
+        if pt > 0:
+            for rest, pr in true_law(p_next, depth - 1, prefix + (t,)).items():
+                out[(t,) + rest] = pt * pr
+    return out
+
+
+def emitted_law_of_rounds(p_next, q_next, k: int, depth: int, prefix: tuple = ()) -> dict:
+    """The law of the first `depth` tokens emitted by rounds of k drafts from q, verified by
+    `accept_prefix` with its uniforms forced to each accept/reject pattern (whose probability the
+    test computes from the definition min(1, p/q)); later rounds start from the emitted prefix."""
+    if depth == 0:
+        return {(): 1.0}
+    out: dict = {}
+
+    def add(seq: tuple, mass: float) -> None:
+        if len(seq) >= depth:
+            out[seq[:depth]] = out.get(seq[:depth], 0.0) + mass
+            return
+        for rest, pr in emitted_law_of_rounds(p_next, q_next, k, depth - len(seq), prefix + seq).items():
+            out[seq + rest] = out.get(seq + rest, 0.0) + mass * pr
+
+    for drafts in torch.cartesian_prod(*[torch.arange(SMALL_V)] * k).reshape(-1, k).tolist():
+        q_rows = [q_next(prefix + tuple(drafts[:i])) for i in range(k)]
+        weight = 1.0
+        for i, x in enumerate(drafts):
+            weight *= float(q_rows[i][x])
+        if weight == 0:
+            continue
+        p_rows = torch.stack([p_next(prefix + tuple(drafts[:i])) for i in range(k + 1)])
+        q = torch.stack(q_rows)
+        a = [min(1.0, float(p_rows[i, x] / q[i, x])) for i, x in enumerate(drafts)]
+        for n in range(k + 1):
+            pattern = 1.0
+            for i in range(n):
+                pattern *= a[i]
+            if n < k:
+                pattern *= 1 - a[n]
+            if pattern == 0:
+                continue
+            uniforms = torch.tensor([a[i] / 2 for i in range(n)] + ([(1 + a[n]) / 2] if n < k else [])
+                                    + [0.5] * max(0, k - n - 1), dtype=torch.float64)
+            accepted, dist = accept_prefix(p_rows, q, torch.tensor(drafts), uniforms)
+            assert accepted == n, f"uniforms {uniforms.tolist()} against min(1, p/q) = {a} should accept {n}"
+            for t, pt in enumerate(dist.tolist()):
+                if pt > 0:
+                    add(tuple(drafts[:n]) + (t,), weight * pattern * pt)
+    return out
+
+
+def law_distance(a: dict, b: dict) -> float:
+    return max(abs(a.get(x, 0.0) - b.get(x, 0.0)) for x in set(a) | set(b))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("k,depth", [(1, 2), (2, 2), (2, 3)])
+def test_sequence_law_through_accept_prefix(seed, k, depth):
+    g = torch.Generator().manual_seed(100 + seed)
+    p_next, q_next = chain(g, zeros=seed % 2), chain(g, zeros=(seed // 2) % 2)
+    assert law_distance(emitted_law_of_rounds(p_next, q_next, k, depth), true_law(p_next, depth)) < 1e-9
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_sequence_law_with_point_mass_drafts(k):
+    g = torch.Generator().manual_seed(7)
+    p_next = chain(g, zeros=1)
+    q_next = lambda prefix: point_mass(torch.tensor([(len(prefix) * 3 + 1) % SMALL_V]), SMALL_V)[0].double()  # noqa: E731
+    assert law_distance(emitted_law_of_rounds(p_next, q_next, k, 3), true_law(p_next, 3)) < 1e-9
+
+
+@pytest.mark.parametrize("broken", ["residual = p", "residual not renormalised"])
+def test_sequence_law_sees_a_broken_residual(broken, monkeypatch):
+    """Negative control: the same computation, with the residual broken, is far from p."""
+    wrong = (lambda p, q: p) if broken == "residual = p" else (lambda p, q: (p - q).clamp_min(0))
+    monkeypatch.setattr(specdec.verify, "residual", wrong)
+    g = torch.Generator().manual_seed(3)
+    p_next, q_next = chain(g), chain(g)
+    assert law_distance(emitted_law_of_rounds(p_next, q_next, 2, 2), true_law(p_next, 2)) > 1e-3
+
+
+def rejects_impossible_draft_at_u_zero(accept) -> bool:
+    p = torch.tensor([[0.0, 1.0], [0.5, 0.5]])
+    q = torch.tensor([[1.0, 0.0]])
+    n, dist = accept(p, q, torch.tensor([0]), torch.tensor([0.0]))
+    return n == 0 and dist.tolist() == [0.0, 1.0]
+
+
+def accept_prefix_with_less_or_equal(p, q, draft, uniforms):
+    """The mutant: u <= a instead of u < a."""
+    k = draft.shape[0]
+    accept = uniforms <= acceptance_probability(p[:k], q, draft)
+    rejected = (~accept).nonzero()
+    n = int(rejected[0]) if rejected.numel() else k
+    return n, (p[k] if n == k else residual(p[n], q[n]))
+
+
+def test_zero_acceptance_rejects_even_at_u_zero():
+    """torch.rand can return exactly 0: a draft the target gives no mass must still be rejected
+    (accepting with u <= a instead of u < a would emit a token p cannot produce)."""
+    assert rejects_impossible_draft_at_u_zero(accept_prefix)
+    assert not rejects_impossible_draft_at_u_zero(accept_prefix_with_less_or_equal)  # negative control
+
+
+def test_certain_acceptance_accepts_at_u_near_one():
+    p = torch.tensor([[0.0, 1.0], [0.5, 0.5]])
+    q = torch.tensor([[0.0, 1.0]])
+    n, dist = accept_prefix(p, q, torch.tensor([1]), torch.tensor([1.0 - 2 ** -24]))
+    assert n == 1 and dist.tolist() == [0.5, 0.5]

@@ -29,9 +29,15 @@ class Backend(ABC):
     max_length: int | None
     """The longest sequence the model supports (None: unknown)."""
     device: torch.device
+    fast_rows: int | None = None
+    """The most positions one pass scores on the fast path, whose numbers do not depend on how
+    many positions are scored together; None where there is no such path. gamma="auto" stays
+    within it (fast_rows - 1 drafts), so speculative greedy output equals plain greedy output."""
 
     def __init__(self) -> None:
         self.held: list[int] = []
+        self.in_use_by: object | None = None
+        """The live generation whose sequence the cache holds (one at a time: see the engine)."""
         self._record_hidden = False
         self._hidden: torch.Tensor | None = None  # (capacity, d) features by position
 
@@ -67,6 +73,11 @@ class Backend(ABC):
                 grown[: self._hidden.shape[0]] = self._hidden
             self._hidden = grown
         self._hidden[start:end] = features
+
+    def numeric_path(self, rows: int) -> str:
+        """Which implementation computes a pass over `rows` positions (passes on one path round the
+        same way whatever the row count only where it is the fast path, see fast_rows)."""
+        return self.path
 
     @property
     def length(self) -> int:

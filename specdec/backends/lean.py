@@ -96,6 +96,7 @@ class LeanBackend(Backend):
         self.packed = bf16_cpu and self.kernels is None and can_pack()
         if self.kernels is not None:
             self.path = "lean+kernels"
+            self.fast_rows = KERNEL_ROWS
         with torch.no_grad():
             self.embed = inner.embed_tokens.weight.detach()
             self.embed_scale = (torch.tensor(config.hidden_size ** 0.5, dtype=self.dtype) if self.gemma else None)
@@ -108,6 +109,11 @@ class LeanBackend(Backend):
         self._capacity = 0
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
+
+    def numeric_path(self, rows: int) -> str:
+        if self.kernels is not None and rows <= KERNEL_ROWS:
+            return "kernels.cpp"
+        return "oneDNN (pre-packed)" if self.packed else "ATen"
 
     def _norm_weight(self, w: torch.Tensor) -> torch.Tensor:
         # Gemma's RMSNorm multiplies by (1 + w) in float32 before casting; Llama's by w after casting.

@@ -15,6 +15,7 @@ import torch
 
 from ..backends import Backend
 from ..config import SamplingParams
+from ..errors import SpecdecError
 from ..sampling import probs, sample
 from .base import Drafter, Proposal
 
@@ -24,6 +25,11 @@ class ModelDrafter(Drafter):
     cost_prior = 0.1
 
     def __init__(self, backend: Backend, target_vocab_size: int, label: str | None = None):
+        if backend.vocab_size < target_vocab_size:
+            raise SpecdecError(
+                f"the draft model{' ' + repr(label) if label else ''} knows {backend.vocab_size} token ids but the target "
+                f"can emit {target_vocab_size}: the draft would have to read ids it has no embedding for. Use a "
+                "draft model with the target's full vocabulary, or a drafter that needs no model: prompt-lookup or ngram")
         self.backend = backend
         self.target_vocab_size = target_vocab_size
         if label:

@@ -93,6 +93,24 @@ def check_target(config: DraftConfig, identity: dict, directory) -> None:
                 f"`specdec train-drafter --target {identity.get('name')}`")
 
 
+def check_vocab(vocab: torch.Tensor | None, width: int, where) -> torch.Tensor:
+    """The draft vocabulary as saved, refused unless it lists distinct target ids in [0, width): a
+    repeated id would make the q the verifier is told differ from the q a token is drawn from."""
+    if vocab is None or vocab.dim() != 1 or vocab.numel() == 0 or vocab.dtype.is_floating_point:
+        raise SpecdecError(f"{where} has no draft vocabulary (a non-empty 1-D integer tensor 'vocab'): "
+                           "it was not written by `specdec train-drafter`")
+    vocab = vocab.long()
+    bad = vocab[(vocab < 0) | (vocab >= width)]
+    if bad.numel():
+        raise SpecdecError(f"{where}: the draft vocabulary holds id {int(bad[0])}, outside the target's "
+                           f"{width} ids: the drafter was made for another target")
+    if vocab.unique().numel() != vocab.numel():
+        values, counts = vocab.unique(return_counts=True)
+        raise SpecdecError(f"{where}: the draft vocabulary lists id {int(values[counts > 1][0])} more than once; "
+                           "the file is damaged: train the drafter again")
+    return vocab
+
+
 def read_net(directory: str | Path, target) -> DraftNet:
     """The drafter's network saved in `directory`, checked to be for `target` (a LoadedModel), as
     saved: plain modules on the CPU (what training continues from)."""
@@ -107,7 +125,9 @@ def read_net(directory: str | Path, target) -> DraftNet:
     config = read_config(directory)
     check_target(config, target_identity(target), directory)
     state = load_file(str(directory / WEIGHTS_FILE))
-    net = build_net(config, state["vocab"].long(), target.model)
+    vocab = check_vocab(state.get("vocab"), target.model.get_output_embeddings().weight.shape[0],
+                        directory / WEIGHTS_FILE)
+    net = build_net(config, vocab, target.model)
     missing, unexpected = net.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise SpecdecError(f"{directory / WEIGHTS_FILE} does not match its config: missing {missing}, unexpected {unexpected}")
