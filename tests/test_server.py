@@ -55,7 +55,7 @@ def client(server):
 
 
 def metric_values(base) -> dict:
-    text = httpx.get(base + "/metrics").text
+    text = httpx.get(base + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text  # ignored where no key is set
     values = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -208,6 +208,158 @@ def test_queue_full_429_and_disconnect_frees_slot(tiny_dirs):
         spec = [res.json()["speculation"]["enabled"] for res in results.values()]
         assert False in spec
         assert metric_values(base)["specdec_speculation_disabled_total"] >= 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# -- defects found by testing as users would: each against a real server process ----------------------
+
+
+@pytest.fixture(scope="module")
+def open_server(tiny_dirs):
+    """No API key (the disconnect bug hid behind the middleware that was installed even without one)."""
+    proc, base = start_server(tiny_dirs["long"], "--max-queue", "4", "--spec-off-depth", "1000")
+    yield base
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def wait_idle(base, seconds=10.0) -> bool:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if httpx.get(base + "/health").json()["queue_depth"] == 0:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+LONG = {"prompt": "abc", "max_tokens": 6000, "temperature": 1.0, "ignore_eos": True}
+
+
+def test_non_streamed_request_stops_when_its_client_leaves(open_server):
+    before = metric_values(open_server).get("specdec_generated_tokens_total", 0)
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(open_server + "/v1/completions", json=LONG, timeout=1.5)
+    assert wait_idle(open_server, 8), "the generation went on after its client left"
+    values = metric_values(open_server)
+    assert values["specdec_requests_cancelled_total"] >= 1
+    assert values["specdec_generated_tokens_total"] - before < 6000
+
+
+def test_queued_request_whose_client_left_never_runs(open_server):
+    with httpx.Client(timeout=60) as http:
+        with http.stream("POST", open_server + "/v1/completions", json={**LONG, "stream": True}) as first:
+            lines = first.iter_lines()  # kept: dropping the iterator would close the connection
+            next(lines)  # the first request runs and holds the model
+            cancelled = metric_values(open_server).get("specdec_requests_cancelled_total", 0)
+            assert httpx.get(open_server + "/health").json()["queue_depth"] == 1
+            with pytest.raises(httpx.TimeoutException):  # the second waits in the queue, then its client leaves
+                httpx.post(open_server + "/v1/completions", json=LONG, timeout=1.0)
+            time.sleep(0.5)
+            next(lines)  # still streaming
+    assert wait_idle(open_server, 8)
+    assert metric_values(open_server)["specdec_requests_cancelled_total"] - cancelled >= 2  # both, none ran to the end
+
+
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1])
+@pytest.mark.parametrize("stream", [False, True])
+def test_seed_out_of_range_is_a_400(open_server, seed, stream):
+    r = httpx.post(open_server + "/v1/completions", json={"prompt": "abc", "seed": seed, "stream": stream})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
+
+
+@pytest.mark.parametrize("path,raw", [("/v1/completions", b'{"prompt": "ab\\ud800"}'),
+                                      ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800"}]}')])
+def test_lone_surrogate_is_a_400(open_server, path, raw):
+    r = httpx.post(open_server + path, content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"], r.text
+
+
+def test_usage_counts_tokens_through_the_stop_string(open_server):
+    """The tiny model's tokenizer has one token per character, so the count is exact."""
+    body = {"prompt": "abc abc ab", "max_tokens": 40, "temperature": 0, "gamma": 8, "ignore_eos": True}
+    text = httpx.post(open_server + "/v1/completions", json=body).json()["choices"][0]["text"]
+    stop = text[6:8]
+    r = httpx.post(open_server + "/v1/completions", json={**body, "stop": stop}).json()
+    cut = text.find(stop)
+    assert r["choices"][0]["text"] == text[:cut]
+    assert r["usage"]["completion_tokens"] == cut + len(stop), r
+
+
+def test_metric_labels_stay_bounded(open_server):
+    for i in range(20):
+        httpx.get(open_server + f"/v1/random-{i}")
+    text = httpx.get(open_server + "/metrics").text
+    assert "random-" not in text and 'endpoint="other"' in text
+
+
+@pytest.mark.parametrize("field,value", [("logprobs", 2), ("top_logprobs", 3), ("presence_penalty", 0.5),
+                                         ("frequency_penalty", -1.0), ("logit_bias", {"5": 10}),
+                                         ("response_format", {"type": "json_object"}), ("echo", True),
+                                         ("best_of", 2), ("tools", [{"type": "function"}]), ("suffix", "x")])
+def test_parameters_that_would_change_the_answer_are_refused(open_server, field, value):
+    r = httpx.post(open_server + "/v1/completions", json={"prompt": "abc", "max_tokens": 2, field: value})
+    assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+
+
+def test_harmless_parameters_pass(open_server):
+    r = httpx.post(open_server + "/v1/completions", json={"prompt": "abc", "max_tokens": 2, "logprobs": None,
+                                                           "presence_penalty": 0, "user": "u1",
+                                                           "response_format": {"type": "text"}})
+    assert r.status_code == 200, r.text
+
+
+def test_model_by_id(open_server, tiny_dirs):
+    name = str(tiny_dirs["long"])
+    assert httpx.get(open_server + f"/v1/models/{name}").json()["id"] == name
+    r = httpx.get(open_server + "/v1/models/other")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("body,param", [({"prompt": "x", "stop": 5}, "stop"), ({"prompt": "x", "max_tokens": "5"}, "max_tokens"),
+                                        ({"prompt": "x", "stream": "yes"}, "stream"), ({"prompt": 7}, "prompt")])
+def test_types_are_strict_and_param_names_the_field(open_server, body, param):
+    r = httpx.post(open_server + "/v1/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_chat_content_as_text_parts(open_server):
+    parts = [{"type": "text", "text": "hello"}, {"type": "text", "text": "there"}]
+    r = httpx.post(open_server + "/v1/chat/completions", json={"messages": [{"role": "user", "content": parts}],
+                                                                "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    image = [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
+    r = httpx.post(open_server + "/v1/chat/completions", json={"messages": [{"role": "user", "content": image}]})
+    assert r.status_code == 400 and "text content parts" in r.json()["error"]["message"]
+
+
+def test_host_header_of_another_site_is_refused(open_server):
+    r = httpx.get(open_server + "/v1/models", headers={"Host": "attacker.example"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "host_not_allowed"
+    assert httpx.get(open_server + "/v1/models", headers={"Host": "localhost:8000"}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/docs", "/openapi.json", "/redoc", "/v1/models"])
+def test_api_key_guards_every_endpoint_but_health(server, path):
+    assert httpx.get(server + path).status_code == 401
+    assert httpx.get(server + path, headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert httpx.get(server + "/health").status_code == 200
+
+
+def test_key_from_environment_cors_and_a_sequential_client_never_429(tiny_dirs, monkeypatch):
+    """With one queue slot, a client that asks again as soon as its answer came is never refused:
+    the slot is free before the answer is sent."""
+    monkeypatch.setenv("SPECDEC_API_KEY", "env-key")
+    proc, base = start_server(tiny_dirs["chat"], "--max-queue", "1", "--cors-origins", "http://ui.example")
+    try:
+        auth = {"Authorization": "Bearer env-key"}
+        assert httpx.get(base + "/v1/models").status_code == 401
+        r = httpx.get(base + "/v1/models", headers={**auth, "Origin": "http://ui.example"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://ui.example"
+        for i in range(12):
+            r = httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 3, "seed": i}, headers=auth)
+            assert r.status_code == 200, (i, r.text)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -1,9 +1,14 @@
 """The HTTP API: OpenAI-style /v1/completions, /v1/chat/completions (streaming or not),
-/v1/models, /health and /metrics. Every error is an OpenAI-style body with a 4xx status."""
+/v1/models, /health and /metrics. Every error is an OpenAI-style body with a 4xx status.
+
+With an API key, everything but /health needs it (/metrics and the generated docs too); the Host
+header must name an allowed host (by default the loopback names when the server listens on
+loopback: a web page cannot reach a keyless local server through DNS rebinding)."""
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import threading
 import time
@@ -18,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..config import SamplingParams, SpecConfig
 from ..errors import SpecdecError
 from .metrics import ServerMetrics
-from .schemas import ChatCompletionRequest, CompletionRequest
+from .schemas import ChatCompletionRequest, CompletionRequest, clean_location
 from .worker import Job, Worker
 
 
@@ -71,8 +76,53 @@ class BodyLimit:
         return await self.app(scope, replay, send)
 
 
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "/docs", "/redoc",
+             "/openapi.json")
+
+
+def endpoint_label(path: str) -> str:
+    """A bounded label for metrics: a known route, /v1/models/{id}, or "other"."""
+    if path in ENDPOINTS:
+        return path
+    return "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]", "::1")
+
+
+class Guard:
+    """ASGI middleware: the Host header check and the API key (pure ASGI, so a handler can still see
+    its client disconnect, which Starlette's BaseHTTPMiddleware hides)."""
+
+    def __init__(self, app, api_key: str | None, allowed_hosts: tuple[str, ...] | None, metrics):
+        self.app, self.api_key, self.allowed_hosts, self.metrics = app, api_key, allowed_hosts, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        path = scope.get("path", "")
+        if self.allowed_hosts is not None:
+            host = headers.get(b"host", b"").decode("latin-1")
+            name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+            if name not in self.allowed_hosts:
+                self.metrics.requests.labels(endpoint=endpoint_label(path), status="400").inc()
+                response = error_response(400, f"host {host!r} is not allowed: this server answers "
+                                          f"{', '.join(self.allowed_hosts)} (see --allowed-hosts)", code="host_not_allowed")
+                return await response(scope, receive, send)
+        if self.api_key and path != "/health":
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            if not hmac.compare_digest(given.encode("utf-8", "replace"), f"Bearer {self.api_key}".encode()):
+                self.metrics.requests.labels(endpoint=endpoint_label(path), status="401").inc()
+                response = error_response(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                                          type_="authentication_error", code="invalid_api_key")
+                return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
 def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int = 16, spec_off_depth: int = 4,
-               max_body_bytes: int = 1 << 20, gamma="auto", default_chat_tokens: int = 512) -> FastAPI:
+               max_body_bytes: int = 1 << 20, gamma="auto", default_chat_tokens: int = 512,
+               allowed_hosts: tuple[str, ...] | None = None, cors_origins: tuple[str, ...] = ()) -> FastAPI:
     """The app around a loaded SpecDec; one worker thread runs the model."""
     metrics = ServerMetrics()
     tokenizer_lock = threading.Lock()
@@ -84,41 +134,48 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
-        metrics.requests.labels(endpoint=request.url.path, status=str(exc.status)).inc()
+        metrics.requests.labels(endpoint=endpoint_label(request.url.path), status=str(exc.status)).inc()
         return error_response(exc.status, exc.message, exc.type, exc.param, exc.code, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
-        metrics.requests.labels(endpoint=request.url.path, status="400").inc()
+        metrics.requests.labels(endpoint=endpoint_label(request.url.path), status="400").inc()
         first = exc.errors()[0] if exc.errors() else {"msg": "invalid request", "loc": ()}
         if first.get("type") == "json_invalid":
             return error_response(400, "the request body is not valid JSON", code="invalid_json")
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        loc = clean_location(first.get("loc", ()))
         message = first.get("msg", "invalid request").removeprefix("Value error, ")
         return error_response(400, f"{'.'.join(loc) + ': ' if loc else ''}{message}", param=".".join(loc) or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request, exc: StarletteHTTPException):
+        metrics.requests.labels(endpoint=endpoint_label(request.url.path), status=str(exc.status_code)).inc()
         return error_response(exc.status_code, str(exc.detail), code="not_found" if exc.status_code == 404 else None)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                metrics.requests.labels(endpoint=request.url.path, status="401").inc()
-                return error_response(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
-                                      type_="authentication_error", code="invalid_api_key")
-        return await call_next(request)
-
     app.add_middleware(BodyLimit, limit=max_body_bytes)
+    app.add_middleware(Guard, api_key=api_key, allowed_hosts=allowed_hosts, metrics=metrics)
+    if cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
 
     @app.get("/health")
     async def health():
         return {"status": "ok", "model": model_name, "queue_depth": worker.current_depth()}
 
+    model_card = {"id": model_name, "object": "model", "created": 0, "owned_by": "specdec"}
+
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "specdec"}]}
+        return {"object": "list", "data": [model_card]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != model_name:
+            raise APIError(404, f"the model '{model_id}' does not exist; this server serves '{model_name}'",
+                           param="model", code="model_not_found")
+        return model_card
 
     @app.get("/metrics")
     async def prometheus():
@@ -144,8 +201,8 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
         try:
             sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed)
             request_gamma = gamma if body.gamma is None else body.gamma
-            if worker.current_depth() >= spec_off_depth and request_gamma != 0:
-                request_gamma = 0  # the queue is deep: compute is the bottleneck, leave speculation alone
+            if body.gamma is None and worker.current_depth() >= spec_off_depth and request_gamma != 0:
+                request_gamma = 0  # the queue is deep: compute is the bottleneck (a request's own gamma stands)
                 metrics.speculation_off.inc()
             spec = SpecConfig(gamma=request_gamma, max_new_tokens=max_tokens, stop_at_eos=not body.ignore_eos)
         except SpecdecError as exc:
@@ -168,22 +225,31 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
         return {"prompt_tokens": summary["prompt_tokens"], "completion_tokens": summary["completion_tokens"],
                 "total_tokens": summary["prompt_tokens"] + summary["completion_tokens"]}
 
+    async def watch(request: Request, job: Job) -> None:
+        """Flag the job when its client goes away (queued or running), and wake its collector."""
+        while not job.cancelled.is_set():
+            if await request.is_disconnected():
+                job.cancelled.set()
+                job.events.put_nowait(("cancelled", None))
+                return
+            await asyncio.sleep(0.1)
+
     async def collect(request: Request, job: Job) -> tuple[str, dict]:
         pieces = []
-        while True:
-            try:
-                kind, payload = await asyncio.wait_for(job.events.get(), timeout=0.25)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    job.cancelled.set()
-                    raise APIError(499, "client disconnected") from None
-                continue
-            if kind == "text":
-                pieces.append(payload)
-            elif kind == "error":
-                raise APIError(500, f"generation failed: {payload}", type_="server_error")
-            else:
-                return "".join(pieces), payload
+        watcher = asyncio.create_task(watch(request, job))
+        try:
+            while True:
+                kind, payload = await job.events.get()
+                if kind == "text":
+                    pieces.append(payload)
+                elif kind == "error":
+                    raise APIError(500, f"generation failed: {payload}", type_="server_error")
+                elif kind == "cancelled":
+                    raise APIError(499, "client disconnected")
+                else:
+                    return "".join(pieces), payload
+        finally:
+            watcher.cancel()
 
     def sse(obj) -> str:
         return f"data: {json.dumps(obj)}\n\n"
@@ -200,6 +266,8 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
                 elif kind == "error":
                     yield sse({"error": {"message": f"generation failed: {payload}", "type": "server_error"}})
                     break
+                elif kind == "cancelled":
+                    return
                 else:
                     final = make_chunk(None, payload["finish_reason"])
                     final["usage"] = usage(payload)
@@ -219,11 +287,12 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
         if not sd.target.has_chat_template:
             raise APIError(400, f"the model '{model_name}' has no chat template: use /v1/completions")
         with tokenizer_lock:
-            return sd.encode([m.model_dump() for m in messages], chat=True)
+            return sd.encode([{"role": m.role, "content": m.content} for m in messages], chat=True)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        job = admit(body, encode_prompt(body.prompt), body.max_tokens, "completions")
+        prompt_ids = await asyncio.to_thread(encode_prompt, body.prompt)  # a long prompt must not stall the loop
+        job = admit(body, prompt_ids, body.max_tokens, "completions")
         ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
         def chunk(text, finish, first=False):
@@ -242,7 +311,7 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        job = admit(body, encode_chat(body.messages), max_tokens, "chat")
+        job = admit(body, await asyncio.to_thread(encode_chat, body.messages), max_tokens, "chat")
         ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
         def chunk(text, finish, first=False):

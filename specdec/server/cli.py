@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import SpecdecError
@@ -12,16 +13,23 @@ def _run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..api import SpecDec
-    from .app import create_app
+    from .app import LOOPBACK_HOSTS, create_app
 
     for name in ("max_queue", "spec_off_depth", "max_body_bytes"):
         if getattr(args, name) < 1:
             raise SpecdecError(f"--{name.replace('_', '-')} must be >= 1")
+    api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
+    if args.allowed_hosts:
+        allowed = None if args.allowed_hosts == ["*"] else tuple(args.allowed_hosts)
+    else:  # on loopback, only loopback names: a web page cannot reach the server by DNS rebinding
+        loopback = args.host in LOOPBACK_HOSTS or args.host.startswith("127.")
+        allowed = (*LOOPBACK_HOSTS, args.host) if loopback else None
     sd = SpecDec(target=args.target, drafter=args.drafter, draft=args.draft, dtype=args.dtype, device=args.device,
                  backend=args.backend)
     sd.generate([sd.tokenizer.eos_token_id or 0], max_new_tokens=2, gamma=0)  # warm-up before the first client
-    app = create_app(sd, args.served_model_name or args.target, api_key=args.api_key, max_queue=args.max_queue,
-                     spec_off_depth=args.spec_off_depth, max_body_bytes=args.max_body_bytes, gamma=args.gamma)
+    app = create_app(sd, args.served_model_name or args.target, api_key=api_key, max_queue=args.max_queue,
+                     spec_off_depth=args.spec_off_depth, max_body_bytes=args.max_body_bytes, gamma=args.gamma,
+                     allowed_hosts=allowed, cors_origins=tuple(args.cors_origins or ()))
     print(f"specdec serving {args.target} (drafter {args.drafter}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
@@ -34,7 +42,14 @@ def register(sub) -> None:
     add_model_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="default: %(default)s (loopback only)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' on every endpoint but /health (also read from "
+                            "the SPECDEC_API_KEY environment variable, which keeps it out of the process list)")
+    serve.add_argument("--allowed-hosts", nargs="+", default=None, metavar="HOST",
+                       help="Host header values to answer (default: the loopback names when --host is loopback, "
+                            "else any); '*' answers any")
+    serve.add_argument("--cors-origins", nargs="+", default=None, metavar="ORIGIN",
+                       help="browser origins allowed to call the API (CORS); default: none")
     serve.add_argument("--served-model-name", default=None, help="the model id clients use (default: --target)")
     serve.add_argument("--gamma", type=_gamma, default="auto", help="default gamma for requests (default: auto)")
     serve.add_argument("--max-queue", type=int, default=16, help="requests waiting or running before 429 (default: 16)")

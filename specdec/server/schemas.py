@@ -1,27 +1,68 @@
 """Request bodies of the OpenAI API subset specdec serves (pydantic), with extensions: `top_k`,
-`gamma` (draft tokens per round for this request: an integer or "auto") and vLLM's `ignore_eos`."""
+`gamma` (draft tokens per round for this request: an integer or "auto") and vLLM's `ignore_eos`.
+
+Types are strict (`"max_tokens": "5"` is an error, not 5). OpenAI parameters that would change what
+the client gets and that this server does not implement are refused with a 400 that names them,
+never silently ignored; unknown fields that change nothing (`user`, `stream_options`, ...) pass.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+
+UNSUPPORTED = {
+    # field: (is it in use?, what to say)
+    "logprobs": (lambda v: v not in (None, False, 0), "log probabilities are not returned by this server"),
+    "top_logprobs": (lambda v: v not in (None, 0), "log probabilities are not returned by this server"),
+    "presence_penalty": (lambda v: v not in (None, 0, 0.0), "presence_penalty is not implemented; send 0"),
+    "frequency_penalty": (lambda v: v not in (None, 0, 0.0), "frequency_penalty is not implemented; send 0"),
+    "logit_bias": (lambda v: bool(v), "logit_bias is not implemented"),
+    "response_format": (lambda v: v not in (None, {}) and not (isinstance(v, dict) and v.get("type") == "text"),
+                        "only response_format {\"type\": \"text\"} is supported"),
+    "tools": (lambda v: bool(v), "tool calling is not supported"),
+    "tool_choice": (lambda v: v not in (None, "none"), "tool calling is not supported"),
+    "functions": (lambda v: bool(v), "function calling is not supported"),
+    "function_call": (lambda v: v not in (None, "none"), "function calling is not supported"),
+    "echo": (lambda v: v not in (None, False), "echo is not supported"),
+    "best_of": (lambda v: v not in (None, 1), "best_of is not supported (only 1)"),
+    "suffix": (lambda v: bool(v), "suffix (insertion) is not supported"),
+}
+
+
+def check_text(value: str, what: str) -> str:
+    """Text must be encodable as UTF-8: a lone surrogate ("\\ud800") is not text."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not valid Unicode text (it holds a lone surrogate such as \\ud800)") from None
+    return value
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown OpenAI fields (user, logit_bias, ...) are ignored
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, description="new tokens at most; must be >= 1")
     temperature: float = Field(default=1.0, ge=0.0, le=100.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0, description="specdec extension: keep the k most likely tokens; 0 = off")
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
     n: int = 1
     stream: bool = False
     gamma: int | Literal["auto"] | None = Field(default=None, description="specdec extension")
     ignore_eos: bool = Field(default=False, description="extension (as in vLLM): keep generating past end-of-sequence")
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self):
+        for name, value in (self.model_extra or {}).items():
+            if name in UNSUPPORTED and UNSUPPORTED[name][0](value):
+                raise ValueError(f"{name}: {UNSUPPORTED[name][1]}")
+        return self
 
     @field_validator("n")
     @classmethod
@@ -36,7 +77,7 @@ class SamplingFields(BaseModel):
         stops = [stop] if isinstance(stop, str) else (stop or [])
         if len(stops) > 4 or any(not s for s in stops):
             raise ValueError("stop takes up to 4 non-empty strings")
-        return stops
+        return [check_text(s, "a stop string") for s in stops]
 
     @field_validator("gamma")
     @classmethod
@@ -58,12 +99,36 @@ class CompletionRequest(SamplingFields):
             prompt = prompt[0]
         if not prompt.strip():
             raise ValueError("the prompt is empty")
-        return prompt
+        return check_text(prompt, "the prompt")
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True)
+
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
     role: Literal["system", "user", "assistant", "developer"]
-    content: str
+    content: str | list[TextPart]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content):
+        if isinstance(content, list):
+            kinds = {part.get("type") for part in content if isinstance(part, dict)}
+            if kinds - {"text"}:
+                raise ValueError(f"only text content parts are supported, not {sorted(str(k) for k in kinds - {'text'})}")
+        return content
+
+    @field_validator("content")
+    @classmethod
+    def _as_text(cls, content):
+        text = "\n".join(part.text for part in content) if isinstance(content, list) else content
+        return check_text(text, "message content")
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -76,3 +141,18 @@ class ChatCompletionRequest(SamplingFields):
         if not messages:
             raise ValueError("messages are empty: give at least one message")
         return messages
+
+
+def clean_location(loc) -> list[str]:
+    """A pydantic error location as the client's field path: without "body" and without the tags
+    pydantic adds for union members and validators (`stop.str`, `function-after[...]`)."""
+    out = []
+    for part in loc:
+        if part == "body":
+            continue
+        if isinstance(part, int):
+            out.append(str(part))
+        elif part.isidentifier() and part not in ("str", "int", "float", "bool", "list", "dict", "none") \
+                and not part.startswith(("list[", "literal[", "function-")):
+            out.append(part)
+    return out

@@ -2,8 +2,10 @@
 
 Batch size one is the regime speculative decoding is for, so requests are served one at a time in
 arrival order, each with its own seeded generator (no cross-talk). The HTTP side talks to a job
-through an asyncio queue of events: ("text", piece), then ("done", summary) or ("error", message).
-A job whose client left is flagged; the worker stops its generation at the next round.
+through an asyncio queue of events: ("text", piece), then ("done", summary), ("cancelled", None) or
+("error", message). A job whose client left is flagged; the worker skips it if it is still queued
+and stops its generation at the next round if it runs. A job's queue slot is free before its last
+event is sent, so a client that asks again at once finds room.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ class Worker:
         self.jobs: queue.Queue[Job] = queue.Queue()
         self.depth = 0
         self._lock = threading.Lock()
-        self.seconds_per_request = 1.0  # running mean, for Retry-After
+        self.seconds_per_request: float | None = None  # running mean of served requests, for Retry-After
+        self.running_since: float | None = None
         self.thread = threading.Thread(target=self._loop, name="specdec-worker", daemon=True)
         self.thread.start()
 
@@ -66,26 +69,37 @@ class Worker:
             return self.depth
 
     def retry_after(self) -> int:
-        return max(1, round(self.current_depth() * self.seconds_per_request))
+        """Seconds until a queue slot is likely free: what the running request has left of the
+        mean request time (a slot frees when it ends)."""
+        mean = self.seconds_per_request if self.seconds_per_request is not None else 1.0
+        elapsed = time.perf_counter() - self.running_since if self.running_since is not None else 0.0
+        return max(1, round(mean - elapsed))
 
     def _loop(self) -> None:
         while True:
             job = self.jobs.get()
-            start = time.perf_counter()
+            start = self.running_since = time.perf_counter()
+            last = ("cancelled", None)
             try:
                 if job.cancelled.is_set():
                     self.metrics.cancelled.inc()
                 else:
-                    self._run(job)
+                    last = self._run(job)
+                    took = time.perf_counter() - start
+                    mean = self.seconds_per_request
+                    self.seconds_per_request = took if mean is None else 0.8 * mean + 0.2 * took
             except Exception as exc:  # a bug must not kill the worker; the client gets a 500 body
-                job.emit("error", f"{type(exc).__name__}: {exc}")
+                last = ("error", f"{type(exc).__name__}: {exc}")
             finally:
-                self.seconds_per_request = 0.8 * self.seconds_per_request + 0.2 * (time.perf_counter() - start)
+                self.running_since = None
                 with self._lock:
                     self.depth -= 1
                     self.metrics.queue_depth.set(self.depth)
+                job.emit(*last)
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: Job) -> tuple[str, object]:
+        """Generate, streaming text events; returns the last event for the loop to send once the
+        slot is free."""
         run = self.sd.engine.generate(job.prompt_ids, job.sampling, job.spec)
         text = TextStream(self.sd.tokenizer)
         full, sent, finish = "", 0, None
@@ -99,16 +113,36 @@ class Worker:
                 full += text.push(chunk)
             stop_at = find_stop(full, job.stops)
             if stop_at is not None:
+                stop = next(s for s in job.stops if full.startswith(s, stop_at))
+                used = self._tokens_through(run.tokens, stop_at + len(stop))
                 full, finish = full[:stop_at], "stop"
                 break
             safe = len(full) - hold
             if safe > sent:
                 job.emit("text", full[sent:safe])
                 sent = safe
+        else:
+            used = None
         run.close()
+        if finish == "cancelled":
+            return "cancelled", None
         if len(full) > sent:
             job.emit("text", full[sent:])
         stats = run.stats
         self.metrics.record_generation(stats)
-        job.emit("done", {"finish_reason": finish or stats.finish_reason, "prompt_tokens": len(job.prompt_ids),
-                          "completion_tokens": stats.new_tokens, "stats": stats})
+        completion = stats.new_tokens if used is None else used
+        return "done", {"finish_reason": finish or stats.finish_reason, "prompt_tokens": len(job.prompt_ids),
+                        "completion_tokens": completion, "stats": stats}
+
+    def _tokens_through(self, tokens: list[int], chars: int) -> int:
+        """The fewest generated tokens whose text reaches `chars` characters: what the answer used
+        up to the end of its stop string (tokens generated after it in the same round are not counted)."""
+        low, high = 1, len(tokens)
+        with self.tokenizer_lock:
+            while low < high:
+                middle = (low + high) // 2
+                if len(self.sd.tokenizer.decode(tokens[:middle], skip_special_tokens=True)) >= chars:
+                    high = middle
+                else:
+                    low = middle + 1
+        return low
