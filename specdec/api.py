@@ -83,9 +83,13 @@ class SpecDec:
 
     def start(self, prompt: str | list[dict] | list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, gamma: int | str = "auto",
-              chat: bool | None = None) -> tuple[list[int], Generation]:
-        """Prompt ids and a Generation to iterate (the streaming entry point)."""
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+              chat: bool | None = None, drafter_invariant: bool | None = None) -> tuple[list[int], Generation]:
+        """Prompt ids and a Generation to iterate (the streaming entry point). A seeded sampled
+        generation uses drafter-invariant sampling unless `drafter_invariant=False`: its output is
+        then the same with any drafter and gamma, and equal to plain decoding's with that seed."""
+        invariant = seed is not None and temperature > 0 if drafter_invariant is None else drafter_invariant
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                  drafter_invariant=invariant)
         spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             prompt_ids = list(prompt)

@@ -44,7 +44,9 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 = off")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1]")
-    parser.add_argument("--seed", type=int, default=None, help="seed of the request's random generator")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the request's random generator; a seeded sampled generation draws every token "
+                             "by noise keyed by (seed, position), so its output does not depend on the drafter or gamma")
     parser.add_argument("--gamma", type=_gamma, default="auto",
                         help="draft tokens per round: an integer (0 = plain decoding) or auto (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="default: %(default)s")
@@ -93,7 +95,8 @@ def _generate(args: argparse.Namespace) -> int:
             out["speedup"] = speedup
             out["identical"] = identical
         else:
-            note = "" if args.temperature == 0 else " (sampled: outputs differ by chance, the distribution is the same)"
+            note = ("" if args.temperature == 0 or args.seed is not None else
+                    " (sampled without --seed: outputs differ by chance, the distribution is the same)")
             print(f"plain decoding: {baseline.stats.summary()}", file=sys.stderr)
             print(f"speedup {speedup:.2f}x over plain decoding; outputs identical: {'yes' if identical else 'no'}{note}",
                   file=sys.stderr)

@@ -29,6 +29,13 @@ class SamplingParams:
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p; in (0, 1]."""
     seed: int | None = None
     """Seed of the request's own torch.Generator; None draws a fresh one."""
+    drafter_invariant: bool = False
+    """Draw every token, the target's and the drafter's, as argmax p(x)/E_x with Exp(1) noise keyed
+    by (seed, position) (needs a seed). Speculative output then equals plain sampling with that seed
+    token for token, whatever the drafter, gamma or load (Daliri, Musco, Suresh 2024: drafter-
+    invariant speculative decoding); a draft is accepted when the target's draw at its position is
+    the same token, with probability at least (1 - TV) / (1 + TV). Off: rejection sampling, whose
+    acceptance is the larger 1 - TV but whose output depends on the drafts."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
@@ -39,6 +46,10 @@ class SamplingParams:
             raise SpecdecError(f"top-k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
             raise SpecdecError(f"top-p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and not (-(2**63) <= self.seed < 2**64):
+            raise SpecdecError(f"seed must be in [-2^63, 2^64), got {self.seed}")
+        if self.drafter_invariant and self.seed is None:
+            raise SpecdecError("drafter-invariant sampling needs a seed: its noise is keyed by (seed, position)")
 
     @property
     def greedy(self) -> bool:

@@ -25,7 +25,7 @@ from .drafters.base import Drafter, Proposal
 from .errors import SpecdecError
 from .gamma import GammaPolicy
 from .metrics import GenerationStats
-from .sampling import new_generator, probs
+from .sampling import coupled_draw, new_generator, probs
 from .verify import verify, verify_greedy
 
 
@@ -93,6 +93,18 @@ class SpeculativeEngine:
                 "finish it, or close() it, before starting the next; for concurrent generations use one "
                 "engine per model copy")
 
+    @staticmethod
+    def _coupled_draws(p: torch.Tensor, draft: torch.Tensor, sampling: SamplingParams, length: int) -> torch.Tensor:
+        """The target's drafter-invariant draws for rows 0.. of p (row i draws sequence index
+        length + i), up to the first that differs from the draft: all verify_greedy reads."""
+        draws = []
+        for i in range(p.shape[0]):
+            draws.append(coupled_draw(p[i], sampling.seed, length + i))
+            if i == draft.numel() or draws[-1] != int(draft[i]):
+                break
+        draws += [-1] * (p.shape[0] - len(draws))  # never read: verify_greedy stops at the first mismatch
+        return torch.tensor(draws)
+
     def emitted(self, draft: torch.Tensor, accepted: int, token: int, spec: SpecConfig) -> tuple[list[int], bool]:
         """The tokens a round adds to the output, and whether the generation ends: the accepted
         drafts and the target's token, cut after the first end-of-sequence token among them (an
@@ -148,6 +160,8 @@ class SpeculativeEngine:
             logits = target.forward(torch.cat([context[length - 1 : length], draft]))  # (k+1, V)
             if sampling.greedy:
                 verdict = verify_greedy(logits.argmax(dim=-1), draft)
+            elif sampling.drafter_invariant:  # the target's own draws at these positions decide
+                verdict = verify_greedy(self._coupled_draws(probs(logits, sampling), draft, sampling, length), draft)
             else:
                 verdict = verify(probs(logits, sampling), proposal.q, draft, generator)
             n = verdict.accepted

@@ -245,10 +245,11 @@ def detectable_tv(test: StatTest, level: float, power: float = POWER, simulation
 
 
 def sample_continuations(engine, prompt_ids: list[int], k: int, sampling, gamma, n: int, seed: int,
-                         stats_sink: list | None = None) -> Counter:
+                         stats_sink: list | None = None, runs_sink: list | None = None) -> Counter:
     """Counts of the first k tokens (fewer if EOS comes first) of n generations with seeds seed,
     seed+1, ... Each generation may run past k (max_new_tokens = k + gamma) so that the verifier
-    really decides on drafts even for k = 1; a truncated exact sample path is still exact."""
+    really decides on drafts even for k = 1; a truncated exact sample path is still exact.
+    `runs_sink` receives (tokens of the finished rounds, stats) of each generation."""
     from dataclasses import replace
 
     from .config import SpecConfig
@@ -267,6 +268,8 @@ def sample_continuations(engine, prompt_ids: list[int], k: int, sampling, gamma,
         counts[tuple(tokens[:k])] += 1
         if stats_sink is not None:
             stats_sink.append(run.stats)
+        if runs_sink is not None:
+            runs_sink.append((tokens, run.stats))
     return counts
 
 

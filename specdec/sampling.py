@@ -41,6 +41,33 @@ def sample(dist: torch.Tensor, generator: torch.Generator) -> int:
     return int(torch.multinomial(dist, 1, generator=generator))
 
 
+_MASK = (1 << 64) - 1
+
+
+def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """(vocab,) i.i.d. Exp(1) noise keyed by (seed, position): the same for whoever draws at that
+    position of that request — the target, a drafter, a plain or a speculative run."""
+    key = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & _MASK
+    key ^= key >> 31
+    generator = torch.Generator().manual_seed(key)
+    return torch.empty(vocab, dtype=torch.float64).exponential_(generator=generator)
+
+
+def coupled_draw(dist: torch.Tensor, seed: int, position: int) -> int:
+    """argmax_x p(x) / E_x with E ~ Exp(1) keyed by (seed, position): an exact draw from `dist`
+    (P(x wins) = p(x) / Σ p: the exponential race, i.e. the Gumbel-max trick), and the same token
+    for any two distributions whose race the same noise decides."""
+    return int(torch.argmax(dist.double() / position_noise(seed, position, dist.shape[-1])))
+
+
+def draw(dist: torch.Tensor, sampling: SamplingParams, generator: torch.Generator, position: int) -> int:
+    """A drafter's or the target's draw at `position` of the sequence: from the request's generator,
+    or, for drafter-invariant sampling, by the noise keyed by (seed, position)."""
+    if sampling.drafter_invariant:
+        return coupled_draw(dist, sampling.seed, position)
+    return sample(dist, generator)
+
+
 def new_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
     """The request's one generator; seeded once, never reseeded inside the decode loop."""
     generator = torch.Generator(device=device)

@@ -26,6 +26,8 @@ def _run(args: argparse.Namespace) -> int:
                            f"anything, got {settings.samples} and {settings.plain_samples}")
     if settings.long_runs < 0:
         raise SpecdecError(f"--long-runs must be >= 0, got {settings.long_runs}")
+    if args.num_prompts < 1:
+        raise SpecdecError(f"--num-prompts must be >= 1, got {args.num_prompts}")
     if not 1 <= args.k <= 3:
         raise SpecdecError(f"--k must be 1, 2 or 3, got {args.k}")
     if args.gamma == 0:
@@ -35,10 +37,14 @@ def _run(args: argparse.Namespace) -> int:
     if sd.drafter is None:
         raise SpecdecError("--drafter none: there is nothing speculative to verify")
     texts = ([p.text for p in load_prompts_file(args.prompts)] if args.prompts else
-             [p.text for task in ("translate", "code") for p in task_prompts(task, args.num_prompts, args.seed)])
+             [p.text for task, count in (("code", (args.num_prompts + 1) // 2), ("translate", args.num_prompts // 2))
+              for p in task_prompts(task, count, args.seed)])
     prompts = [sd.encode(t) for t in texts]
     plain = SpeculativeEngine(sd.engine.target, None, sd.target.eos_token_ids)
-    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    if args.drafter_invariant and args.temperature == 0:
+        raise SpecdecError("--drafter-invariant is for sampling: give --temperature > 0")
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                              seed=0 if args.drafter_invariant else None, drafter_invariant=args.drafter_invariant)
     report = run_conformance(args.target, sd.target.dtype, plain, sd.engine, sd.engine.target, prompts, sampling,
                              args.gamma, settings, seed=args.seed or 0, drafter_name=sd.drafter.for_sampling(sampling).name)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.to_text())
@@ -60,8 +66,12 @@ def register(sub) -> None:
     verify.add_argument("--long-runs", type=int, default=None,
                         help=f"long speculative runs per prompt whose every token is tested (default: {Settings().long_runs})")
     verify.add_argument("--k", type=int, default=2, help="continuation length compared with plain, 1-3 (default: %(default)s)")
+    verify.add_argument("--drafter-invariant", action="store_true",
+                        help="check drafter-invariant sampling (what seeded requests use) instead of rejection sampling")
     verify.add_argument("--quick", action="store_true", help="fewer samples (for CI): catches larger deviations only")
     verify.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="your own prompts")
-    verify.add_argument("--num-prompts", type=int, default=1, help="prompts per built-in task (default: %(default)s)")
+    verify.add_argument("--num-prompts", type=int, default=1,
+                        help="built-in prompts, code and translation in turn (default: %(default)s: one prompt and "
+                             "more samples see more than more prompts and fewer samples)")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.set_defaults(handler=_run)

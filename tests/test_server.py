@@ -363,3 +363,16 @@ def test_key_from_environment_cors_and_a_sequential_client_never_429(tiny_dirs, 
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_seeded_request_is_the_same_streamed_or_not_with_or_without_speculation(open_server):
+    """Drafter-invariant sampling: a seeded answer depends on the seed alone."""
+    body = {"prompt": "abc abc ab", "max_tokens": 40, "temperature": 1.0, "seed": 1234, "ignore_eos": True}
+    texts = [httpx.post(open_server + "/v1/completions", json={**body, "gamma": g}).json()["choices"][0]["text"]
+             for g in (0, 1, 4, "auto")]
+    streamed = ""
+    with httpx.stream("POST", open_server + "/v1/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                streamed += json.loads(line[6:])["choices"][0]["text"]
+    assert len(set(texts)) == 1 and streamed == texts[0], (texts, streamed)

@@ -16,7 +16,7 @@ import torch
 from ..backends import Backend
 from ..config import SamplingParams
 from ..errors import SpecdecError
-from ..sampling import probs, sample
+from ..sampling import draw, probs
 from .base import Drafter, Proposal
 
 
@@ -57,7 +57,7 @@ class ModelDrafter(Drafter):
                 token = int(logits.argmax())
             else:
                 q = probs(logits, sampling)[0]  # (V,)
-                token = sample(q, generator)
+                token = draw(q, sampling, generator, position=context.numel() + i)
                 dists.append(q)
             tokens.append(token)
             unseen = torch.tensor([token])

@@ -24,7 +24,7 @@ import torch
 from ..backends import Backend
 from ..config import SamplingParams
 from ..errors import SpecdecError
-from ..sampling import probs, sample
+from ..sampling import draw, probs
 from .base import Drafter, Proposal
 from .model import ModelDrafter
 from .nets import KINDS, DraftConfig, DraftNet, KVCache
@@ -159,13 +159,13 @@ def _full_width(values: torch.Tensor, vocab: torch.Tensor, width: int, fill: flo
 
 
 def _draw(logits: torch.Tensor, vocab: torch.Tensor, width: int, sampling: SamplingParams,
-          generator: torch.Generator) -> tuple[int, torch.Tensor | None]:
-    """One draft token from (1, |S|) logits: the argmax at temperature 0, else a draw with its q (V,)."""
+          generator: torch.Generator, position: int) -> tuple[int, torch.Tensor | None]:
+    """One draft token for sequence index `position` from (1, |S|) logits: the argmax at
+    temperature 0, else a draw with its q (V,)."""
     if sampling.greedy:
         return int(vocab[int(logits.argmax())]), None
-    q = probs(logits, sampling)  # (1, |S|)
-    index = sample(q[0], generator)
-    return int(vocab[index]), _full_width(q, vocab, width, 0.0)[0]
+    q = _full_width(probs(logits, sampling), vocab, width, 0.0)[0]  # (V,)
+    return draw(q, sampling, generator, position), q
 
 
 class DraftLMBackend(Backend):
@@ -219,7 +219,7 @@ class EagleDrafter(Drafter):
         tokens, dists = [], []
         for i in range(gamma):
             token, q = _draw(self.net.logits(predicted[0]).float(), self.net.vocab, self.target.vocab_size,
-                             sampling, generator)
+                             sampling, generator, position=context.numel() + i)
             tokens.append(token)
             if q is not None:
                 dists.append(q)
@@ -255,7 +255,8 @@ class MedusaDrafter(Drafter):
         logits = self.net.logits(self.net.medusa_features(feature)[:k, 0]).float()  # (k, |S|)
         tokens, dists = [], []
         for i in range(k):
-            token, q = _draw(logits[i : i + 1], self.net.vocab, self.target.vocab_size, sampling, generator)
+            token, q = _draw(logits[i : i + 1], self.net.vocab, self.target.vocab_size, sampling, generator,
+                             position=context.numel() + i)
             tokens.append(token)
             if q is not None:
                 dists.append(q)
