@@ -18,12 +18,13 @@ def _run(args: argparse.Namespace) -> int:
 
     check_sampling_args(args)
     base = Settings.quick() if args.quick else Settings()
-    settings = Settings(samples=args.samples or base.samples, plain_samples=args.plain_samples or base.plain_samples,
+    settings = Settings(samples=args.samples or base.samples,
+                        plain_samples=base.plain_samples if args.plain_samples is None else args.plain_samples,
                         k=args.k, long_runs=base.long_runs if args.long_runs is None else args.long_runs,
                         long_tokens=base.long_tokens, parity_tokens=args.max_new_tokens)
-    if settings.samples < 100 or settings.plain_samples < 100:
-        raise SpecdecError(f"--samples and --plain-samples must be at least 100 for the distribution tests to mean "
-                           f"anything, got {settings.samples} and {settings.plain_samples}")
+    if settings.samples < 100 or 0 < settings.plain_samples < 100:
+        raise SpecdecError(f"--samples must be at least 100 and --plain-samples 0 or at least 100 for the "
+                           f"distribution tests to mean anything, got {settings.samples} and {settings.plain_samples}")
     if settings.long_runs < 0:
         raise SpecdecError(f"--long-runs must be >= 0, got {settings.long_runs}")
     if args.num_prompts < 1:
@@ -62,10 +63,12 @@ def register(sub) -> None:
     verify.add_argument("--samples", type=int, default=None,
                         help=f"speculative continuations per prompt (default: {Settings().samples}; --quick {Settings.quick().samples})")
     verify.add_argument("--plain-samples", type=int, default=None,
-                        help=f"plain continuations per prompt for the k-token test (default: {Settings().plain_samples})")
+                        help="plain continuations per prompt for a k-token test against plain decoding (default: "
+                             f"{Settings().plain_samples}: the PIT of long runs tests the later tokens instead)")
     verify.add_argument("--long-runs", type=int, default=None,
                         help=f"long speculative runs per prompt whose every token is tested (default: {Settings().long_runs})")
-    verify.add_argument("--k", type=int, default=2, help="continuation length compared with plain, 1-3 (default: %(default)s)")
+    verify.add_argument("--k", type=int, default=1,
+                        help="continuation length of the short runs compared with plain, 1-3 (default: %(default)s)")
     verify.add_argument("--drafter-invariant", action="store_true",
                         help="check drafter-invariant sampling (what seeded requests use) instead of rejection sampling")
     verify.add_argument("--quick", action="store_true", help="fewer samples (for CI): catches larger deviations only")

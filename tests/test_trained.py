@@ -312,3 +312,17 @@ def test_damaged_draft_vocabulary_is_refused(trained, tmp_path, damage, needle):
     save_file(state, str(directory / "model.safetensors"))
     with pytest.raises(SpecdecError, match=needle):
         load_trained_drafter(directory, target)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_specdec_verify_passes_each_kind(kind):
+    """The conformance check (quick settings) on the lean backend at T = 0.7, top-p 0.9."""
+    from specdec.conformance import Settings, run_conformance
+
+    target = tiny_llama(MC_VOCAB, layers=2, seed=10, init=0.15)
+    backend = LeanBackend(target)
+    plain = SpeculativeEngine(backend, None)
+    spec = SpeculativeEngine(backend, random_drafter(kind, target, torch.tensor([0, 1, 3, 4]), seed=3))
+    report = run_conformance("tiny", torch.float32, plain, spec, backend, [MC_PROMPT],
+                             SamplingParams(temperature=0.7, top_p=0.9), "auto", Settings.quick(), seed=2)
+    assert report.passed, report.to_text()
