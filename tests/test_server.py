@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -118,6 +119,12 @@ def test_metrics_counters_move(server, client):
     assert after["specdec_target_calls_total"] > before.get("specdec_target_calls_total", 0)
     assert "specdec_queue_depth" in after and "specdec_time_per_token_seconds_count" in after
     assert any(k.startswith("specdec_requests_total") for k in after)
+    for histogram in ("queue_wait", "time_to_first_token", "request"):
+        name = f"specdec_{histogram}_seconds_count"
+        assert after[name] > before.get(name, 0), name
+    assert after["specdec_prompt_tokens_total"] > before.get("specdec_prompt_tokens_total", 0)
+    assert "specdec_requests_running" in after and "specdec_requests_waiting" in after
+    assert any(k.startswith("specdec_generated_tokens_by_drafter_total{") for k in after)
 
 
 BAD = [
@@ -376,3 +383,49 @@ def test_seeded_request_is_the_same_streamed_or_not_with_or_without_speculation(
             if line.startswith("data: {"):
                 streamed += json.loads(line[6:])["choices"][0]["text"]
     assert len(set(texts)) == 1 and streamed == texts[0], (texts, streamed)
+
+
+def malformed_bodies(count: int, seed: int = 0):
+    """Requests a careless or hostile client sends: wrong types, nesting, sizes, encodings, unknown
+    fields, broken JSON; some are valid and get a 200."""
+    import random
+
+    rng = random.Random(seed)
+    values = [None, True, False, 0, -1, 1.5, 2**70, -(2**70), float("nan"), "", "x", "5", "\ud800", "ä" * 50,
+              [], [1, 2], ["a", None], {}, {"a": {"b": {"c": [1, {"d": None}]}}}, [[[[[]]]]], "x" * 5000]
+    fields = ["prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
+              "gamma", "ignore_eos", "model", "logprobs", "logit_bias", "tools", "user", "max_completion_tokens",
+              "unknown_field", "response_format"]
+    for i in range(count):
+        kind = i % 5
+        if kind == 0:  # not JSON, or not UTF-8, or not an object
+            yield rng.choice([b"{", b"", b"null", b"[]", b"42", b"\xff\xfe{}", b'{"prompt": "a"', b'"just a string"',
+                              b'{"prompt": "\\ud800\\udc00x"}', b"{" * 200 + b"}" * 200])
+            continue
+        body = {"prompt": "abc"} if kind in (1, 2) else {"messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(rng.randint(1, 4)):
+            body[rng.choice(fields)] = rng.choice(values)
+        if kind == 4:  # malformed messages
+            body["messages"] = rng.choice([[{"role": "robot", "content": "x"}], [{"content": "x"}], [None], "hi",
+                                           [{"role": "user", "content": [{"type": "text"}]}],
+                                           [{"role": "user", "content": rng.choice(values)}]])
+        body.setdefault("max_tokens", 2) if rng.random() < 0.8 else None
+        try:
+            yield json.dumps(body, allow_nan=True).encode("utf-8", "surrogatepass")
+        except (TypeError, ValueError):
+            yield b"{}"
+
+
+def test_fuzz_1000_malformed_requests_no_500(open_server):
+    statuses = Counter()
+    with httpx.Client(timeout=30) as http:
+        for i, raw in enumerate(malformed_bodies(1000)):
+            path = "/v1/completions" if i % 5 in (1, 2) else "/v1/chat/completions"
+            r = http.post(open_server + path, content=raw, headers={"Content-Type": "application/json"})
+            statuses[r.status_code] += 1
+            assert r.status_code < 500, (raw[:300], r.status_code, r.text[:300])
+            if r.status_code != 200:
+                assert "error" in r.json()
+            elif r.headers["content-type"].startswith("text/event-stream"):
+                assert '"error"' not in r.text and r.text.endswith("data: [DONE]\n\n"), r.text[-300:]
+    assert statuses[400] > 500 and statuses[200] > 0, statuses

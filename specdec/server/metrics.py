@@ -25,12 +25,26 @@ class ServerMetrics:
         self.speculation_off = Counter("specdec_speculation_disabled", "Requests served without speculation "
                                        "because the queue was deep", registry=r)
         self.queue_depth = Gauge("specdec_queue_depth", "Requests waiting or running", registry=r)
+        self.running = Gauge("specdec_requests_running", "Requests generating now", registry=r)
+        self.waiting = Gauge("specdec_requests_waiting", "Requests waiting for the model", registry=r)
+        self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens of served requests", registry=r)
+        self.generated_by_drafter = Counter("specdec_generated_tokens_by_drafter", "Tokens generated, by the drafter "
+                                            "that ran (none: plain decoding)", ["drafter"], registry=r)
+        latency = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+        self.queue_wait = Histogram("specdec_queue_wait_seconds", "Admission to the start of generation",
+                                    buckets=latency, registry=r)
+        self.time_to_first_token = Histogram("specdec_time_to_first_token_seconds", "Admission to the first text",
+                                             buckets=latency, registry=r)
+        self.request_seconds = Histogram("specdec_request_seconds", "Admission to the last token (end to end)",
+                                         buckets=latency, registry=r)
         self.time_per_token = Histogram("specdec_time_per_token_seconds", "Decode time per generated token",
                                         buckets=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0),
                                         registry=r)
 
     def record_generation(self, stats) -> None:
         self.generated.inc(stats.new_tokens)
+        self.generated_by_drafter.labels(drafter=stats.drafter).inc(stats.new_tokens)
+        self.prompt_tokens.inc(stats.prompt_tokens)
         self.drafted.inc(stats.drafted)
         self.accepted.inc(stats.accepted)
         self.target_calls.inc(stats.target_calls)

@@ -42,8 +42,36 @@ def check_text(value: str, what: str) -> str:
     return value
 
 
+def _find_bad_text(value, path: str = "") -> str | None:
+    """The path of the first string in a JSON value that is not valid Unicode text, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "the body"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = _find_bad_text(key, path) or _find_bad_text(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _find_bad_text(item, f"{path}.{i}")
+            if found:
+                return found
+    return None
+
+
 class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data):
+        found = _find_bad_text(data)
+        if found:
+            raise ValueError(f"{found} is not valid Unicode text (it holds a lone surrogate such as \\ud800)")
+        return data
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, description="new tokens at most; must be >= 1")

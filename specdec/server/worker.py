@@ -29,8 +29,12 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+    first_text: float | None = None
 
     def emit(self, kind: str, payload) -> None:
+        if kind == "text" and self.first_text is None:
+            self.first_text = time.perf_counter()
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
 
 
@@ -54,13 +58,19 @@ class Worker:
         self.thread = threading.Thread(target=self._loop, name="specdec-worker", daemon=True)
         self.thread.start()
 
+    def _gauges(self, running: int) -> None:
+        """Call with the lock held."""
+        self.metrics.queue_depth.set(self.depth)
+        self.metrics.running.set(running)
+        self.metrics.waiting.set(self.depth - running)
+
     def submit(self, job: Job) -> bool:
         """Queue a job; False when the queue is full."""
         with self._lock:
             if self.depth >= self.max_queue:
                 return False
             self.depth += 1
-            self.metrics.queue_depth.set(self.depth)
+            self._gauges(int(self.running_since is not None))
         self.jobs.put(job)
         return True
 
@@ -72,29 +82,36 @@ class Worker:
         """Seconds until a queue slot is likely free: what the running request has left of the
         mean request time (a slot frees when it ends)."""
         mean = self.seconds_per_request if self.seconds_per_request is not None else 1.0
-        elapsed = time.perf_counter() - self.running_since if self.running_since is not None else 0.0
+        since = self.running_since
+        elapsed = time.perf_counter() - since if since is not None else 0.0
         return max(1, round(mean - elapsed))
 
     def _loop(self) -> None:
         while True:
             job = self.jobs.get()
-            start = self.running_since = time.perf_counter()
+            with self._lock:
+                start = self.running_since = time.perf_counter()
+                self._gauges(1)
             last = ("cancelled", None)
             try:
                 if job.cancelled.is_set():
                     self.metrics.cancelled.inc()
                 else:
+                    self.metrics.queue_wait.observe(start - job.submitted)
                     last = self._run(job)
+                    if job.first_text is not None:
+                        self.metrics.time_to_first_token.observe(job.first_text - job.submitted)
+                    self.metrics.request_seconds.observe(time.perf_counter() - job.submitted)
                     took = time.perf_counter() - start
                     mean = self.seconds_per_request
                     self.seconds_per_request = took if mean is None else 0.8 * mean + 0.2 * took
             except Exception as exc:  # a bug must not kill the worker; the client gets a 500 body
                 last = ("error", f"{type(exc).__name__}: {exc}")
             finally:
-                self.running_since = None
                 with self._lock:
+                    self.running_since = None
                     self.depth -= 1
-                    self.metrics.queue_depth.set(self.depth)
+                    self._gauges(0)
                 job.emit(*last)
 
     def _run(self, job: Job) -> tuple[str, object]:
