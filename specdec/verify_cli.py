@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 from .errors import SpecdecError
 
@@ -18,10 +19,10 @@ def _run(args: argparse.Namespace) -> int:
 
     check_sampling_args(args)
     base = Settings.quick() if args.quick else Settings()
-    settings = Settings(samples=args.samples or base.samples,
-                        plain_samples=base.plain_samples if args.plain_samples is None else args.plain_samples,
-                        k=args.k, long_runs=base.long_runs if args.long_runs is None else args.long_runs,
-                        long_tokens=base.long_tokens, parity_tokens=args.max_new_tokens)
+    settings = replace(base, samples=args.samples or base.samples,
+                       plain_samples=base.plain_samples if args.plain_samples is None else args.plain_samples,
+                       k=args.k, long_runs=base.long_runs if args.long_runs is None else args.long_runs,
+                       parity_tokens=args.max_new_tokens)
     if settings.samples < 100 or 0 < settings.plain_samples < 100:
         raise SpecdecError(f"--samples must be at least 100 and --plain-samples 0 or at least 100 for the "
                            f"distribution tests to mean anything, got {settings.samples} and {settings.plain_samples}")
@@ -31,6 +32,8 @@ def _run(args: argparse.Namespace) -> int:
         raise SpecdecError(f"--num-prompts must be >= 1, got {args.num_prompts}")
     if not 1 <= args.k <= 3:
         raise SpecdecError(f"--k must be 1, 2 or 3, got {args.k}")
+    if args.drafter_invariant and args.temperature == 0:
+        raise SpecdecError("--drafter-invariant is for sampling: give --temperature > 0")
     if args.gamma == 0:
         raise SpecdecError("--gamma 0 is plain decoding: there is nothing speculative to verify")
     sd = SpecDec(target=args.target, drafter=args.drafter, draft=args.draft, dtype=args.dtype, device=args.device,
@@ -42,8 +45,6 @@ def _run(args: argparse.Namespace) -> int:
               for p in task_prompts(task, count, args.seed)])
     prompts = [sd.encode(t) for t in texts]
     plain = SpeculativeEngine(sd.engine.target, None, sd.target.eos_token_ids)
-    if args.drafter_invariant and args.temperature == 0:
-        raise SpecdecError("--drafter-invariant is for sampling: give --temperature > 0")
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                               seed=0 if args.drafter_invariant else None, drafter_invariant=args.drafter_invariant)
     report = run_conformance(args.target, sd.target.dtype, plain, sd.engine, sd.engine.target, prompts, sampling,

@@ -270,7 +270,8 @@ def test_verify_cli_json(tiny_dirs, tmp_path, capsys):
 
 @pytest.mark.parametrize("args,needle", [(["--samples", "5"], "--samples"), (["--gamma", "0"], "plain decoding"),
                                          (["--k", "7"], "--k"), (["--drafter", "none"], "nothing speculative"),
-                                         (["--long-runs", "-1"], "--long-runs")])
+                                         (["--long-runs", "-1"], "--long-runs"),
+                                         (["--drafter-invariant", "--temperature", "0"], "--drafter-invariant")])
 def test_verify_bad_input(tiny_dirs, capsys, args, needle):
     from specdec.cli import main
 
