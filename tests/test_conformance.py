@@ -138,11 +138,24 @@ class ReportsOtherQ(ModelDrafter):
         return Proposal(tokens=torch.tensor(tokens), q=torch.stack(reported))
 
 
+_live_generators: list = []  # (generator, seed) of each generation, made by _remembering_generator
+
+
+def _remembering_generator(seed, device="cpu"):
+    """new_generator for the reseeding mutant: remembers each request's generator and seed."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed if seed is not None else 0)
+    _live_generators.append((generator, seed if seed is not None else 0))
+    return generator
+
+
 class ReseededEngine(SpeculativeEngine):
-    """Reseeds the request's generator at every round (the random stream repeats)."""
+    """Reseeds the request's generator at every round (the random stream repeats). Runs with
+    specdec.engine.new_generator patched to _remembering_generator."""
 
     def emitted(self, draft, accepted, token, spec):
-        self._generator_seed_again()
+        generator, seed = _live_generators[-1]
+        generator.manual_seed(seed)
         return super().emitted(draft, accepted, token, spec)
 
 
@@ -181,23 +194,6 @@ def test_mutant_fails(name, monkeypatch):
     report = conformance(**mutant)
     assert not report.passed, report.to_text()
 
-
-_live_generators: list = []
-
-
-def _remembering_generator(seed, device="cpu"):
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed if seed is not None else 0)
-    _live_generators.append((generator, seed if seed is not None else 0))
-    return generator
-
-
-def _reseed_latest(self):
-    generator, seed = _live_generators[-1]
-    generator.manual_seed(seed)
-
-
-ReseededEngine._generator_seed_again = _reseed_latest
 
 
 def test_settings_quick_is_smaller():
