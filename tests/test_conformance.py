@@ -195,7 +195,6 @@ def test_mutant_fails(name, monkeypatch):
     assert not report.passed, report.to_text()
 
 
-
 def test_settings_quick_is_smaller():
     quick = Settings.quick()
     assert quick.samples < Settings().samples and quick.long_runs < Settings().long_runs
