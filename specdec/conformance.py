@@ -42,7 +42,7 @@ class Settings:
     """How hard `specdec verify` looks. The defaults catch a TV of 0.05 on the first token with 90 %
     power on the built-in model (README: "Exactness"); `quick()` is for CI."""
 
-    samples: int = 3500
+    samples: int = 4500
     """Speculative continuations per prompt (first-token and k-token tests): one round each."""
     plain_samples: int = 0
     """Plain continuations per prompt, the reference of the k-token test (0: no such test; the PIT
