@@ -87,9 +87,7 @@ class SpecDec:
         """Prompt ids and a Generation to iterate (the streaming entry point). A seeded sampled
         generation uses drafter-invariant sampling unless `drafter_invariant=False`: its output is
         then the same with any drafter and gamma, and equal to plain decoding's with that seed."""
-        invariant = seed is not None and temperature > 0 if drafter_invariant is None else drafter_invariant
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                  drafter_invariant=invariant)
+        sampling = SamplingParams.for_request(temperature, top_k, top_p, seed, drafter_invariant)
         spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             prompt_ids = list(prompt)

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 from .errors import SpecdecError
 
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+"""The seeds torch.Generator.manual_seed takes."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -46,10 +49,19 @@ class SamplingParams:
             raise SpecdecError(f"top-k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
             raise SpecdecError(f"top-p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and not (-(2**63) <= self.seed < 2**64):
+        if self.seed is not None and not (SEED_MIN <= self.seed <= SEED_MAX):
             raise SpecdecError(f"seed must be in [-2^63, 2^64), got {self.seed}")
         if self.drafter_invariant and self.seed is None:
             raise SpecdecError("drafter-invariant sampling needs a seed: its noise is keyed by (seed, position)")
+
+    @classmethod
+    def for_request(cls, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                    drafter_invariant: bool | None = None) -> "SamplingParams":
+        """Settings for a user's request: a seeded sampled request is drafter-invariant unless told
+        otherwise, so its output depends on the seed alone (the CLI, the API and the server)."""
+        if drafter_invariant is None:
+            drafter_invariant = seed is not None and temperature > 0
+        return cls(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, drafter_invariant=drafter_invariant)
 
     @property
     def greedy(self) -> bool:

@@ -139,6 +139,15 @@ def ran_past_eos(tokens: list[int], eos_token_ids) -> bool:
     return any(t in eos_token_ids for t in tokens[:-1])
 
 
+def pit_values(backend, ids: list[int], tokens: list[int], indices: list[int], sampling: SamplingParams,
+               noise: torch.Generator) -> list[float]:
+    """Randomised PIT values of tokens[j] for j in `indices` against the target's law given their
+    prefix (rescored as plain decoding scores), with uniforms from `noise`."""
+    law = target_probs(backend, ids, tokens[: max(indices) + 1], sampling)
+    u = torch.rand(len(indices), generator=noise).tolist()
+    return [randomized_pit(law[j], tokens[j], u[n]) for n, j in enumerate(indices)]
+
+
 def long_runs(spec, backend, ids: list[int], sampling: SamplingParams, gamma, settings: Settings, seed: int,
               stats_sink: list) -> tuple[list[float], list[float], int]:
     """PIT values of every token, and of the bonus tokens alone, of `long_runs` speculative runs,
@@ -152,9 +161,7 @@ def long_runs(spec, backend, ids: list[int], sampling: SamplingParams, gamma, se
         past_eos += ran_past_eos(run.tokens, spec.eos_token_ids)
         if not run.tokens:
             continue
-        law = target_probs(backend, ids, run.tokens, sampling)
-        u = torch.rand(len(run.tokens), generator=noise).tolist()
-        values = [randomized_pit(law[i], t, u[i]) for i, t in enumerate(run.tokens)]
+        values = pit_values(backend, ids, run.tokens, list(range(len(run.tokens))), sampling, noise)
         pit_all += values
         pit_bonus += [values[i] for i in run.stats.bonus_indices()]
     return pit_all, pit_bonus, past_eos
@@ -170,8 +177,7 @@ def short_run_bonuses(backend, ids: list[int], runs: list, sampling: SamplingPar
         bonuses = [j for j in stats.bonus_indices() if j < len(tokens)]
         if not bonuses:
             continue
-        law = target_probs(backend, ids, tokens[: bonuses[-1] + 1], sampling)
-        values += [randomized_pit(law[j], tokens[j], float(torch.rand(1, generator=noise))) for j in bonuses]
+        values += pit_values(backend, ids, tokens, bonuses, sampling, noise)
         limit -= 1
         if limit == 0:
             break
@@ -218,20 +224,18 @@ def acceptance_check(stats: list) -> Check:
     """A z-test per draft position and one over all positions."""
     tests: list[StatTest] = []
     width = max((len(s.position_tested) for s in stats), default=0)
-    totals = [0, 0.0, 0.0, 0]
     for i in range(width):
         accepted = sum(s.position_accepted[i] for s in stats if i < len(s.position_accepted))
         tested = sum(s.position_tested[i] for s in stats if i < len(s.position_tested))
         beta = sum(s.position_beta_sum[i] for s in stats if i < len(s.position_beta_sum))
         beta_sq = sum(s.position_beta_sq_sum[i] for s in stats if i < len(s.position_beta_sq_sum))
-        for j, value in enumerate((accepted, beta, beta_sq, tested)):
-            totals[j] += value
         if tested:
             tests.append(acceptance_z(f"draft position {i + 1}: accepted {accepted}/{tested} vs Σβ {beta:.1f}",
                                       accepted, beta, beta_sq, tested))
-    if not totals[3]:
+    accepted, tested = sum(s.accepted for s in stats), sum(s.beta_count for s in stats)
+    beta, beta_sq = sum(s.beta_sum for s in stats), sum(s.beta_sq_sum for s in stats)
+    if not tested:
         return Check("acceptance", True, ["no draft position was tested: nothing to compare"], {"tested": 0})
-    accepted, beta, beta_sq, tested = totals
     tests.append(acceptance_z(f"all positions: accepted {accepted}/{tested} vs Σβ {beta:.1f}", accepted, beta,
                               beta_sq, tested))
     lines = [f"count estimate α = {accepted / tested:.4f}, mean β = Σmin(p,q)/n = {beta / tested:.4f}"]
@@ -290,8 +294,7 @@ def parity_check(plain, spec, backend, prompts: list[list[int]], max_new_tokens:
                 lines.append(f"{where}: one output stops after token {j}, the other goes on -> NOT explained")
                 divergences.append({"prompt": i, "seed": seed, "position": j, "explained": False})
                 continue
-            number, rows = run.stats.pass_of(j)
-            round_start = sum(emitted for _, _, emitted in run.stats.rounds[:number])
+            round_start, rows = run.stats.pass_of(j)
             spec_path, plain_path = backend.numeric_path(rows), backend.numeric_path(1)
             one, many = reproduce(backend, ids + expected[: j + 1], len(ids), j, round_start, rows)
             one, many = scores(one, params, len(ids) + j), scores(many, params, len(ids) + j)

@@ -36,16 +36,6 @@ import numpy as np
 import torch
 
 
-def tv_distance(a: dict, b: dict) -> float:
-    """½ Σ |a(x) - b(x)| for laws given as {outcome: probability}."""
-    return 0.5 * sum(abs(a.get(x, 0.0) - b.get(x, 0.0)) for x in set(a) | set(b))
-
-
-def empirical(counts: Counter) -> dict:
-    total = sum(counts.values())
-    return {x: c / total for x, c in counts.items()}
-
-
 def chi2_sf(statistic, df: int):
     """P(χ²_df ≥ statistic), the regularised upper incomplete gamma Q(df/2, statistic/2); works on
     floats and on numpy arrays."""

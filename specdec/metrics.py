@@ -86,11 +86,12 @@ class GenerationStats:
         return out
 
     def pass_of(self, index: int) -> tuple[int, int]:
-        """(round number, positions scored in that pass) for the generated token at `index`."""
+        """(index of the first token that pass produced, positions it scored) for the target pass
+        that produced the generated token at `index`."""
         start = 0
-        for number, (rows, _, emitted) in enumerate(self.rounds):
+        for rows, _, emitted in self.rounds:
             if index < start + emitted:
-                return number, rows
+                return start, rows
             start += emitted
         raise IndexError(f"token {index} was not generated (the run made {start})")
 

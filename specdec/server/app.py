@@ -201,8 +201,7 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
         try:
             # a seeded request draws by noise keyed by (seed, position): the same answer streamed or not, alone or
             # under load, with or without speculation
-            sampling = SamplingParams(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed,
-                                      drafter_invariant=body.seed is not None and body.temperature > 0)
+            sampling = SamplingParams.for_request(body.temperature, body.top_k, body.top_p, body.seed)
             request_gamma = gamma if body.gamma is None else body.gamma
             if body.gamma is None and worker.current_depth() >= spec_off_depth and request_gamma != 0:
                 request_gamma = 0  # the queue is deep: compute is the bottleneck (a request's own gamma stands)

@@ -12,7 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+from ..config import SEED_MAX, SEED_MIN
+
 
 UNSUPPORTED = {
     # field: (is it in use?, what to say)
@@ -31,15 +32,6 @@ UNSUPPORTED = {
     "best_of": (lambda v: v not in (None, 1), "best_of is not supported (only 1)"),
     "suffix": (lambda v: bool(v), "suffix (insertion) is not supported"),
 }
-
-
-def check_text(value: str, what: str) -> str:
-    """Text must be encodable as UTF-8: a lone surrogate ("\\ud800") is not text."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"{what} is not valid Unicode text (it holds a lone surrogate such as \\ud800)") from None
-    return value
 
 
 def _find_bad_text(value, path: str = "") -> str | None:
@@ -68,6 +60,8 @@ class SamplingFields(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _text_only(cls, data):
+        """Runs before any field is validated: every string of the body, the prompt, messages and
+        stop strings included, must be valid Unicode text."""
         found = _find_bad_text(data)
         if found:
             raise ValueError(f"{found} is not valid Unicode text (it holds a lone surrogate such as \\ud800)")
@@ -105,7 +99,7 @@ class SamplingFields(BaseModel):
         stops = [stop] if isinstance(stop, str) else (stop or [])
         if len(stops) > 4 or any(not s for s in stops):
             raise ValueError("stop takes up to 4 non-empty strings")
-        return [check_text(s, "a stop string") for s in stops]
+        return stops
 
     @field_validator("gamma")
     @classmethod
@@ -127,7 +121,7 @@ class CompletionRequest(SamplingFields):
             prompt = prompt[0]
         if not prompt.strip():
             raise ValueError("the prompt is empty")
-        return check_text(prompt, "the prompt")
+        return prompt
 
 
 class TextPart(BaseModel):
@@ -155,8 +149,7 @@ class ChatMessage(BaseModel):
     @field_validator("content")
     @classmethod
     def _as_text(cls, content):
-        text = "\n".join(part.text for part in content) if isinstance(content, list) else content
-        return check_text(text, "message content")
+        return "\n".join(part.text for part in content) if isinstance(content, list) else content
 
 
 class ChatCompletionRequest(SamplingFields):
