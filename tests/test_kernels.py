@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.backends import kernels
-from specdec.backends.lean import rotate
+from specdec.modeling import kernels
+from specdec.modeling import rotate
 
 from conftest import tiny_gemma3, tiny_llama
 
@@ -90,7 +90,8 @@ def _reference_attention(qkv, n_heads, n_kv, hd, cos, sin, keys_before, values_b
     return out[0].transpose(0, 1).reshape(n, n_heads * hd), k, v
 
 
-@pytest.mark.parametrize("hd,window,gemma", [(64, 0, False), (8, 0, False), (32, 6, True), (256, 0, True)])
+@pytest.mark.parametrize("hd,window,gemma", [(64, 0, False), (8, 0, False), (32, 6, True), (256, 0, True),
+                                             (64, 6, False), (256, 6, True)])
 @pytest.mark.parametrize("n", [1, 5])
 def test_attend_matches_masked_sdpa_and_writes_the_cache(kern, hd, window, gemma, n):
     n_heads, n_kv, start, capacity = 4, 2, 11, 32

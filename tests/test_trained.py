@@ -11,7 +11,7 @@ from specdec.backends import LeanBackend, TransformersBackend
 from specdec.cli import main
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import ModelDrafter, build_drafter
-from specdec.drafters.nets import DraftConfig, DraftNet, KVCache
+from specdec.drafters.nets import DraftConfig, DraftNet
 from specdec.drafters.trained import DraftLMBackend, EagleDrafter, MedusaDrafter, load_trained_drafter, save_drafter
 from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
@@ -54,7 +54,7 @@ def test_cached_drafting_equals_recomputation(kind):
           (lambda lo, hi, c, s: net.eagle(f[:, lo:hi], x[:, lo:hi], c, s))
     with torch.no_grad():
         full = run(0, 12, None, 0)
-        cache = KVCache()
+        cache = net.new_cache()
         a, b = run(0, 5, cache, 0), run(5, 9, cache, 5)
         cache.length = 7  # reject the last two
         c = run(7, 12, cache, 7)
@@ -233,7 +233,7 @@ def test_cli_train_then_generate(tiny_dirs, tmp_path, monkeypatch, capsys):
 
 
 def test_packed_bf16_drafting_matches_unpacked():
-    from specdec.backends.lean import can_pack
+    from specdec.modeling.packing import can_pack
 
     if not can_pack():
         pytest.skip("this torch build has no oneDNN packed linear")
@@ -261,8 +261,7 @@ def test_auto_and_trained_kinds_without_a_shipped_drafter(tiny_dirs):
 def test_kernel_drafting_matches_aten_drafting():
     """In bf16 the nets draft on the lean backend's kernels.cpp: same logits as the ATen path within
     bf16 rounding, through a KV cache written in steps of several positions and of one."""
-    from specdec.backends import kernels
-    from specdec.drafters.nets import KVCache
+    from specdec.modeling import kernels
 
     kern = kernels.load()
     if kern is None:
@@ -274,7 +273,7 @@ def test_kernel_drafting_matches_aten_drafting():
         fast = random_net(kind, target, torch.arange(0, 40, 2)).to(torch.bfloat16)
         fast.load_state_dict(net.state_dict())
         fast.use_kernels(kern)
-        caches = {id(net): KVCache(), id(fast): KVCache()}
+        caches = {id(net): net.new_cache(), id(fast): fast.new_cache()}
 
         def run(model, lo, hi):
             cache = caches[id(model)]

@@ -2,8 +2,6 @@
 
 from .base import Backend
 from .hf import TransformersBackend
-from .lean import LeanBackend, make_backend
-
-BACKENDS = ("auto", "lean", "transformers")
+from .lean import BACKENDS, LeanBackend, make_backend
 
 __all__ = ["Backend", "TransformersBackend", "LeanBackend", "make_backend", "BACKENDS"]

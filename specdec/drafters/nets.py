@@ -22,14 +22,14 @@ by position (drafting), through the same code.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..backends.lean import KERNEL_ROWS, rotate
+from ..modeling import Arch, Decoder, KVCache, LayerWeights, RopeTable, causal_attend, layer_aten, theta_angles
+from ..modeling.packing import pack, packed_linear
 
 KINDS = ("draft-lm", "eagle", "medusa")
 
@@ -70,55 +70,12 @@ def head_dim_for(d_model: int) -> int:
     return 64 if d_model >= 128 and d_model % 64 == 0 else max(1, d_model // 4)
 
 
-class Rotary:
-    """RoPE tables (half-split layout, as Llama), grown on demand."""
-
-    def __init__(self, head_dim: int, theta: float):
-        self.head_dim, self.theta = head_dim, theta
-        self.cos = self.sin = torch.zeros(0, head_dim)
-
-    def table(self, end: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.cos.shape[0] < end or self.cos.dtype != dtype or self.cos.device != device:
-            n = max(end, 2 * self.cos.shape[0], 256)
-            inv = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
-            angles = torch.outer(torch.arange(n, dtype=torch.float32), inv)
-            angles = torch.cat([angles, angles], dim=-1)
-            half = self.head_dim // 2
-            sin = angles.sin()
-            self.cos = angles.cos().to(dtype=dtype, device=device)
-            self.sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(dtype=dtype, device=device)
-        return self.cos[:end], self.sin[:end]
-
-
-class KVCache:
-    """Per-layer keys and values of one sequence, written by position; rollback moves `length`."""
-
-    def __init__(self):
-        self.k: list[torch.Tensor] = []
-        self.v: list[torch.Tensor] = []
-        self.length = 0
-
-    def ensure(self, layers: int, heads: int, head_dim: int, end: int, dtype, device) -> None:
-        capacity = self.k[0].shape[1] if self.k else 0
-        if end <= capacity:
-            return
-        new = max(end, 2 * capacity, 256)
-        for store in (self.k, self.v):
-            for i in range(layers):
-                grown = torch.zeros(heads, new, head_dim, dtype=dtype, device=device)
-                if i < len(store):
-                    grown[:, :capacity] = store[i][:, :capacity]
-                    store[i] = grown
-                else:
-                    store.append(grown)
-
-
 class Block(nn.Module):
-    """A pre-norm decoder layer: RoPE attention and a SwiGLU MLP, fused projections."""
+    """A pre-norm decoder layer's trainable weights (RoPE attention, SwiGLU MLP, fused projections);
+    specdec.modeling runs it, as it runs the target's layers."""
 
     def __init__(self, d: int, heads: int, head_dim: int, ffn: int):
         super().__init__()
-        self.heads, self.head_dim = heads, head_dim
         self.attn_norm = nn.RMSNorm(d, eps=1e-6)
         self.qkv = nn.Linear(d, 3 * heads * head_dim, bias=False)
         self.o = nn.Linear(heads * head_dim, d, bias=False)
@@ -126,39 +83,10 @@ class Block(nn.Module):
         self.gate_up = nn.Linear(d, 2 * ffn, bias=False)
         self.down = nn.Linear(ffn, d, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
-                layer: int = 0, start: int = 0) -> torch.Tensor:
-        """x (B, T, d) at positions start..start+T; with a cache (B = 1) attends to what it holds too."""
-        b, t, _ = x.shape
-        qkv = self.qkv(self.attn_norm(x)).view(b, t, 3, self.heads, self.head_dim)
-        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (B, H, T, hd)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        if cache is None:
-            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            end = start + t
-            cache.k[layer][:, start:end] = k[0]
-            cache.v[layer][:, start:end] = v[0]
-            keys, values = cache.k[layer][None, :, :end], cache.v[layer][None, :, :end]
-            mask = None
-            if t > 1:
-                mask = torch.arange(end, device=x.device)[None] <= torch.arange(start, end, device=x.device)[:, None]
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        x = x + self.o(attn.transpose(1, 2).reshape(b, t, -1))
-        gate, up = self.gate_up(self.mlp_norm(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(gate) * up)
-
-    def step(self, kern, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache, layer: int,
-             start: int) -> torch.Tensor:
-        """forward() for drafting on the lean backend's kernels.cpp: h (T, d) bf16 at positions
-        start.., cos/sin the whole tables from position 0; writes the cache the same way."""
-        eps = self.attn_norm.eps
-        qkv = kern.linear(kern.rms_norm(h, self.attn_norm.weight, eps), self.qkv.weight)
-        attn = kern.attend(qkv, self.heads, self.heads, cos, sin, cache.k[layer], cache.v[layer], start, 0,
-                           self.head_dim ** -0.5, None, None, eps)
-        h = kern.linear(attn, self.o.weight, h)
-        gated = kern.act_mul(kern.linear(kern.rms_norm(h, self.mlp_norm.weight, eps), self.gate_up.weight), False)
-        return kern.linear(gated, self.down.weight, h)
+    def weights(self) -> LayerWeights:
+        """The weights as the decoder reads them (pre-packed ones after DraftNet.pack())."""
+        return LayerWeights(self.qkv.weight, self.o.weight, self.gate_up.weight, self.down.weight,
+                            norms={"attn_in": self.attn_norm.weight, "mlp_in": self.mlp_norm.weight})
 
 
 class PackedLinear(nn.Module):
@@ -167,11 +95,11 @@ class PackedLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+        self.weight = pack(weight)
         self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return packed_linear(x, self.weight, self.bias)
 
 
 class DraftNet(nn.Module):
@@ -185,8 +113,10 @@ class DraftNet(nn.Module):
         self.register_buffer("vocab", vocab.long().clone())
         self.register_buffer("embed", embed.detach(), persistent=False)  # (V_in, d)
         self.register_buffer("head", head.detach(), persistent=False)  # (|S|, d): target LM-head rows of S
-        self.rotary = Rotary(config.head_dim, config.rope_theta)
-        self.head_linear: nn.Module | None = None  # the packed head, after pack()
+        self.arch = Arch(n_heads=config.heads, n_kv=config.heads, head_dim=config.head_dim,
+                         scale=config.head_dim ** -0.5, eps=1e-6)
+        self._ropes: dict[tuple, RopeTable] = {}  # by (dtype, device)
+        self.packed_head: torch.Tensor | None = None  # after pack()
         self.kernels = None  # kernels.cpp, after use_kernels()
         if config.kind == "draft-lm":
             self.blocks = nn.ModuleList(Block(d, config.heads, config.head_dim, config.ffn) for _ in range(config.layers))
@@ -215,74 +145,67 @@ class DraftNet(nn.Module):
             for child_name, child in list(module.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(module, child_name, PackedLinear(child.weight, child.bias))
-        self.head_linear = PackedLinear(self.head, None)
+        self.packed_head = pack(self.head)
         return self
 
     def use_kernels(self, kern) -> "DraftNet":
-        """Draft (bf16, one sequence, a few positions) on the lean backend's kernels.cpp, as the
-        target does: the same arithmetic up to the order of fp32 sums and rounding points."""
+        """Draft (bf16, one sequence, a few positions) on kernels.cpp, as the target does: the same
+        arithmetic up to the order of fp32 sums and rounding points."""
         self.kernels = kern
         return self
 
-    def _fast(self, x: torch.Tensor) -> bool:
-        """Whether x (1, T, ...) is a drafting step the kernels take."""
-        return (self.kernels is not None and x.dtype == torch.bfloat16 and x.dim() == 3 and x.shape[0] == 1
-                and x.shape[1] <= KERNEL_ROWS)
+    def decoder(self) -> Decoder:
+        """The blocks as a decoder in the net's current dtype and device (cheap: views of the weights)."""
+        key = (self.head.dtype, self.head.device)
+        if key not in self._ropes:
+            self._ropes[key] = RopeTable(theta_angles(self.config.head_dim, self.config.rope_theta), *key)
+        blocks = getattr(self, "blocks", ())
+        return Decoder(self.arch, [block.weights() for block in blocks], self._ropes[key],
+                       packed_linear if self.packed_head is not None else F.linear, self.kernels)
 
-    def _dense(self, layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        if not self._fast(x):
+    def new_cache(self) -> KVCache:
+        """An empty KV cache for drafting one sequence."""
+        return self.decoder().new_cache()
+
+    def _dense(self, layer: nn.Module, x: torch.Tensor, decoder: Decoder) -> torch.Tensor:
+        if not decoder.on_kernels(x):
             return layer(x)
-        out = self.kernels.linear(x[0].contiguous(), layer.weight)
-        return (out if layer.bias is None else out + layer.bias)[None]
+        out = self.kernels.linear(x.reshape(-1, x.shape[-1]).contiguous(), layer.weight).view(*x.shape[:-1], -1)
+        return out if layer.bias is None else out + layer.bias
 
-    def _final_norm(self, h: torch.Tensor) -> torch.Tensor:
-        if not self._fast(h):
-            return self.norm(h)
-        return self.kernels.rms_norm(h[0].contiguous(), self.norm.weight, self.norm.eps)[None]
-
-    def _read_head(self, h: torch.Tensor) -> torch.Tensor:
-        if self.kernels is not None and h.dtype == torch.bfloat16 and 0 < h.numel() <= KERNEL_ROWS * h.shape[-1]:
-            return self.kernels.linear(h.reshape(-1, h.shape[-1]).contiguous(), self.head).view(*h.shape[:-1], -1)
-        return self.head_linear(h) if self.head_linear is not None else F.linear(h, self.head)
+    def _head(self) -> torch.Tensor:
+        return self.head if self.packed_head is None else self.packed_head
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """(..., d) -> (..., |S|) through the target's LM-head rows of S."""
-        out = self._read_head(features)
+        out = self.decoder().project(features, self._head())
         if self.config.softcap:
             out = torch.tanh(out / self.config.softcap) * self.config.softcap
         return out
 
-    def _run_blocks(self, x: torch.Tensor, cache: KVCache | None, start: int) -> torch.Tensor:
-        end = start + x.shape[1]
-        cos, sin = self.rotary.table(end, x.dtype, x.device)
-        cos, sin = cos[start:end], sin[start:end]
+    def _run_blocks(self, x: torch.Tensor, cache: KVCache | None, start: int, decoder: Decoder) -> torch.Tensor:
+        """x (B, T, d) at positions start..: causal within x (training), or (B = 1) over a cache."""
         if cache is not None:
-            cache.ensure(len(self.blocks), self.config.heads, self.config.head_dim, end, x.dtype, x.device)
-        if cache is not None and self._fast(x):
-            table_cos, table_sin = self.rotary.table(end, x.dtype, x.device)
-            h = x[0].contiguous()
-            for i, block in enumerate(self.blocks):
-                h = block.step(self.kernels, h, table_cos, table_sin, cache, i, start)
-            cache.length = end
-            return h[None]
-        for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, cache, i, start)
-        if cache is not None:
-            cache.length = end
+            return decoder.run(x[0], start, cache)[None]
+        cos, sin = decoder.rope.span("default", start, start + x.shape[1])
+        for layer in decoder.layers:
+            x = layer_aten(x, layer, self.arch, cos, sin, decoder.linear, causal_attend(self.arch))
         return x
 
     # -- the three kinds ------------------------------------------------------------------------
 
     def lm(self, tokens: torch.Tensor, cache: KVCache | None = None, start: int = 0) -> torch.Tensor:
         """draft-lm: (B, T) tokens -> (B, T, |S|) logits of the next token."""
-        h = self._run_blocks(self.embed_tokens(tokens), cache, start)
-        return self._read_head(self._final_norm(h))
+        decoder = self.decoder()
+        h = self._run_blocks(self.embed_tokens(tokens), cache, start, decoder)
+        return decoder.project(decoder.norm(h, self.norm.weight), self._head())
 
     def eagle(self, features: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache | None = None,
               start: int = 0) -> torch.Tensor:
         """eagle: (B, T, d) features f_t and (B, T) tokens x_{t+1} -> (B, T, d) predicted f_{t+1}."""
-        x = self._dense(self.fc, torch.cat([features, self.embed_tokens(next_tokens)], dim=-1))
-        return self._final_norm(self._run_blocks(x, cache, start))
+        decoder = self.decoder()
+        x = self._dense(self.fc, torch.cat([features, self.embed_tokens(next_tokens)], dim=-1), decoder)
+        return decoder.norm(self._run_blocks(x, cache, start, decoder), self.norm.weight)
 
     def medusa_features(self, features: torch.Tensor) -> torch.Tensor:
         """medusa: (..., d) features f_t -> (K, ..., d); head k's output gives x_{t+1+k}'s logits."""

@@ -27,7 +27,7 @@ from ..errors import SpecdecError
 from ..sampling import draw, probs
 from .base import Drafter, Proposal
 from .model import ModelDrafter
-from .nets import KINDS, DraftConfig, DraftNet, KVCache
+from .nets import KINDS, DraftConfig, DraftNet
 
 CONFIG_FILE, WEIGHTS_FILE = "config.json", "model.safetensors"
 
@@ -137,8 +137,8 @@ def read_net(directory: str | Path, target) -> DraftNet:
 def load_net(directory: str | Path, target) -> DraftNet:
     """The drafter's network for `target` (a LoadedModel), in the target's dtype and device, on the
     bf16 kernels or pre-packed for oneDNN where those apply."""
-    from ..backends import kernels
-    from ..backends.lean import can_pack
+    from ..modeling import kernels
+    from ..modeling.packing import can_pack
 
     device = target.model.device
     net = read_net(directory, target).to(device=device, dtype=target.dtype).eval()
@@ -177,10 +177,10 @@ class DraftLMBackend(Backend):
         super().__init__()
         self.net, self.vocab_size, self.max_length = net, vocab_width, None
         self.device = net.vocab.device
-        self.cache = KVCache()
+        self.cache = net.new_cache()
 
     def _reset(self) -> None:
-        self.cache = KVCache()
+        self.cache = self.net.new_cache()
 
     def _rollback(self, length: int) -> None:
         self.cache.length = length
@@ -196,7 +196,7 @@ class EagleDrafter(Drafter):
 
     def __init__(self, net: DraftNet, label: str):
         self.net, self.name = net, f"eagle:{label}"
-        self.cache = KVCache()
+        self.cache = net.new_cache()
         self.target: Backend | None = None
 
     def bind(self, target: Backend) -> None:
@@ -204,7 +204,7 @@ class EagleDrafter(Drafter):
         target.record_hidden = True
 
     def begin(self, prompt: torch.Tensor) -> None:
-        self.cache = KVCache()
+        self.cache = self.net.new_cache()
 
     @torch.inference_mode()
     def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,

@@ -28,7 +28,8 @@ import torch
 
 from .. import corpus
 from ..bench.prompts import CHAT_QUESTIONS
-from ..models import cache_dir, target_identity
+from ..models import target_identity
+from ..paths import cache_dir
 from .topics import open_questions
 
 

@@ -20,6 +20,8 @@ from types import ModuleType
 
 import torch
 
+from ..paths import cache_dir
+
 SOURCE = Path(__file__).with_name("kernels.cpp")
 
 _module: ModuleType | None = None
@@ -56,8 +58,6 @@ def load() -> ModuleType | None:
     if platform.machine() not in ("x86_64", "AMD64"):
         _reason = f"the kernels need an x86-64 CPU with AVX-512 BF16, this is {platform.machine()}"
         return None
-    from ..models import cache_dir
-
     key = _build_key()
     build_dir = cache_dir() / "kernels" / key
     try:

@@ -321,8 +321,10 @@ SPECDEC_AVX512 void attend_rows(const bf16* const* q, int rows, const int64_t* l
       _mm512_mask_storeu_ps(row + (j0 - first), mask16(count), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
     }
     __m512 tops = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = lo[r]; j <= hi[r]; j += 16)
-      tops = _mm512_mask_max_ps(tops, mask16(hi[r] - j + 1), tops, _mm512_loadu_ps(row + (j - first)));
+    for (int64_t j = lo[r]; j <= hi[r]; j += 16) {  // masked load: the row's last block may end the buffer
+      const __mmask16 mask = mask16(hi[r] - j + 1);
+      tops = _mm512_mask_max_ps(tops, mask, tops, _mm512_maskz_loadu_ps(mask, row + (j - first)));
+    }
     const float top = _mm512_reduce_max_ps(tops);
     __m512 sums = _mm512_setzero_ps();
     for (int64_t j = lo[r]; j <= hi[r]; j += 16) {  // keys outside [lo, hi] keep probability 0

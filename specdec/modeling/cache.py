@@ -1,0 +1,37 @@
+"""The KV cache of one sequence: keys and values per layer, written by position.
+
+Rollback is free: the caller moves `length` back and the rejected slots are overwritten by the
+next round. Storage grows by doubling (to at most `max_length` positions).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 max_length: int | None = None):
+        self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
+        self.dtype, self.device, self.max_length = dtype, device, max_length
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.capacity = 0
+        self.length = 0
+        """Positions 0..length-1 hold valid entries."""
+
+    def ensure(self, end: int) -> None:
+        """Room for positions 0..end-1, keeping what the cache holds."""
+        if end <= self.capacity:
+            return
+        capacity = max(end, 2 * self.capacity, 256)
+        if self.max_length:
+            capacity = max(end, min(capacity, self.max_length))
+        shape = (self.kv_heads, capacity, self.head_dim)
+        old = self.capacity
+        grown_k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
+        grown_v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
+        for i in range(len(self.k)):
+            grown_k[i][:, :old] = self.k[i][:, :old]
+            grown_v[i][:, :old] = self.v[i][:, :old]
+        self.k, self.v, self.capacity = grown_k, grown_v, capacity

@@ -1,0 +1,200 @@
+"""The decoder layer both the targets (Llama, Gemma-3) and the trained drafters are built from.
+
+One layer: RMSNorm -> fused QKV -> (Gemma: q/k norms) -> RoPE -> attention -> output projection
+(Gemma: norm after) -> residual -> RMSNorm -> fused gate/up -> act(gate)·up -> down (Gemma: norm
+after) -> residual. It runs on two paths with the same rounding points as transformers:
+
+- ATen ops, any dtype, any batch and length: training (causal, no cache), prefill, fp32, and bf16
+  without the kernels. Linear layers go through a `linear(x, weight)` the owner chooses
+  (F.linear, or oneDNN's pre-packed product from `packing`).
+- kernels.cpp (bf16, one sequence, up to KERNEL_ROWS positions): nine calls a layer, streaming the
+  weights at memory speed.
+
+`Decoder` runs a stack of layers over a `KVCache` and picks the path by the number of positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .cache import KVCache
+from .rope import RopeTable, rotate
+
+KERNEL_ROWS = 16
+"""Steps of up to this many positions run on kernels.cpp (decode and verification); longer ones
+(prefill) on ATen's GEMM, which is faster where there is arithmetic to do."""
+
+Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What every layer of a model shares."""
+
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    scale: float
+    """Attention's query scale (1/sqrt(head_dim), or Gemma's query_pre_attn_scalar^-1/2)."""
+    eps: float
+    gemma: bool = False
+    """Gemma-3's layer: (1 + w) norms in float32, q/k norms, norms after attention and MLP, tanh GELU."""
+
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x, approximate="tanh") if self.gemma else F.silu(x)
+
+
+@dataclass
+class LayerWeights:
+    wqkv: torch.Tensor  # (Hq*hd + 2*Hkv*hd, d)
+    wo: torch.Tensor  # (d, Hq*hd)
+    wgu: torch.Tensor  # (2*ffn, d)
+    wdown: torch.Tensor  # (d, ffn)
+    norms: dict[str, torch.Tensor] = field(default_factory=dict)
+    """attn_in and mlp_in; Gemma also q, k, attn_out, mlp_out (its "1 + w" folded in, float32)."""
+    rope: str = "default"
+    """Which RoPE table ("default", or Gemma's "sliding_attention"/"full_attention")."""
+    window: int | None = None
+    """Sliding window, None for full attention."""
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, arch: Arch) -> torch.Tensor:
+    """RMSNorm rounded as transformers does: Gemma multiplies by (1 + w) in float32 before casting,
+    Llama by w after casting."""
+    x32 = F.rms_norm(x.float(), x.shape[-1:], eps=arch.eps)
+    if arch.gemma:
+        return (x32 * weight).to(x.dtype)
+    return weight * x32.to(x.dtype)
+
+
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(q (B, Hq, T, hd), k, v (B, Hkv, T, hd)) -> (B, Hq, T, hd): causal attention, or attention
+over a cache the new keys are written into."""
+
+
+def layer_aten(h: torch.Tensor, w: LayerWeights, arch: Arch, cos: torch.Tensor, sin: torch.Tensor,
+               linear: Linear, attend: Attend) -> torch.Tensor:
+    """One decoder layer as ATen ops: h (B, T, d) at the positions cos/sin (T, hd) belong to."""
+    b, t, _ = h.shape
+    hd = arch.head_dim
+    hq, hkv = arch.n_heads * hd, arch.n_kv * hd
+    qkv = linear(rms_norm(h, w.norms["attn_in"], arch), w.wqkv)  # (B, T, hq + 2 hkv)
+    q = qkv[..., :hq].view(b, t, arch.n_heads, hd).transpose(1, 2)  # (B, Hq, T, hd)
+    k = qkv[..., hq : hq + hkv].view(b, t, arch.n_kv, hd).transpose(1, 2)  # (B, Hkv, T, hd)
+    v = qkv[..., hq + hkv :].view(b, t, arch.n_kv, hd).transpose(1, 2)
+    if arch.gemma:
+        q, k = rms_norm(q, w.norms["q"], arch), rms_norm(k, w.norms["k"], arch)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    o = linear(attend(q, k, v).transpose(1, 2).reshape(b, t, hq), w.wo)
+    if arch.gemma:
+        o = rms_norm(o, w.norms["attn_out"], arch)
+    h = h + o
+    gate, up = linear(rms_norm(h, w.norms["mlp_in"], arch), w.wgu).chunk(2, dim=-1)
+    m = linear(arch.act(gate) * up, w.wdown)
+    if arch.gemma:
+        m = rms_norm(m, w.norms["mlp_out"], arch)
+    return h + m
+
+
+def causal_attend(arch: Arch) -> Attend:
+    """Attention within the sequence (training, no cache)."""
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=arch.scale,
+                                                          enable_gqa=arch.n_kv != arch.n_heads)
+
+
+def layer_kernels(kern, h: torch.Tensor, w: LayerWeights, arch: Arch, rope: RopeTable, cache: KVCache, index: int,
+                  start: int) -> torch.Tensor:
+    """One decoder layer on kernels.cpp: h (T, d) bf16 at positions start..; writes the cache."""
+    eps, gemma, norms = arch.eps, arch.gemma, w.norms
+    qkv = kern.linear(kern.rms_norm(h, norms["attn_in"], eps), w.wqkv)
+    cos, sin = rope.full(w.rope)
+    attn = kern.attend(qkv, arch.n_heads, arch.n_kv, cos, sin, cache.k[index], cache.v[index], start, w.window or 0,
+                       arch.scale, norms.get("q"), norms.get("k"), eps)
+    if gemma:
+        h = h + kern.rms_norm(kern.linear(attn, w.wo), norms["attn_out"], eps)
+    else:
+        h = kern.linear(attn, w.wo, h)  # h + attn @ wo.T, rounded as transformers does
+    gated = kern.act_mul(kern.linear(kern.rms_norm(h, norms["mlp_in"], eps), w.wgu), gemma)
+    if gemma:
+        return h + kern.rms_norm(kern.linear(gated, w.wdown), norms["mlp_out"], eps)
+    return kern.linear(gated, w.wdown, h)
+
+
+class Decoder:
+    """A stack of decoder layers run over one sequence's KV cache: on kernels.cpp for bf16 steps of
+    up to KERNEL_ROWS positions when `kernels` is given, on ATen otherwise."""
+
+    def __init__(self, arch: Arch, layers: list[LayerWeights], rope: RopeTable, linear: Linear = F.linear,
+                 kernels=None):
+        self.arch, self.layers, self.rope, self.linear, self.kernels = arch, layers, rope, linear, kernels
+
+    def new_cache(self, max_length: int | None = None) -> KVCache:
+        return KVCache(len(self.layers), self.arch.n_kv, self.arch.head_dim, self.rope.dtype, self.rope.device,
+                       max_length)
+
+    def on_kernels(self, h: torch.Tensor) -> bool:
+        """Whether h (T, d) or (1, T, d) takes the kernels."""
+        return (self.kernels is not None and h.dtype == torch.bfloat16 and h.numel() <= KERNEL_ROWS * h.shape[-1])
+
+    def run(self, h: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+        """h (T, d) at positions start..start+T-1 through every layer; writes their keys and values
+        into the cache and sets its length to start + T."""
+        end = start + h.shape[0]
+        cache.ensure(end)
+        self.rope.ensure(end)
+        if self.on_kernels(h):
+            h = h.contiguous()
+            for i, layer in enumerate(self.layers):
+                h = layer_kernels(self.kernels, h, layer, self.arch, self.rope, cache, i, start)
+        else:
+            masks: dict = {}
+            x = h[None]
+            for i, layer in enumerate(self.layers):
+                cos, sin = self.rope.span(layer.rope, start, end)
+                x = layer_aten(x, layer, self.arch, cos, sin, self.linear,
+                               self._cached_attend(cache, i, start, end, layer.window, masks))
+            h = x[0]
+        cache.length = end
+        return h
+
+    def _cached_attend(self, cache: KVCache, index: int, start: int, end: int, window: int | None,
+                       masks: dict) -> Attend:
+        """Write the new keys and values at start..end-1, then attend to the cache's positions the
+        window lets each query see. The mask is built once per window size and pass."""
+        lo = 0 if window is None else max(0, start - window + 1)
+        if window not in masks:
+            n = end - start
+            if n == 1 and (window is None or end - lo <= window):
+                masks[window] = None
+            else:
+                q_pos = torch.arange(start, end, device=cache.device)[:, None]
+                k_pos = torch.arange(lo, end, device=cache.device)[None]
+                allowed = k_pos <= q_pos
+                if window is not None:
+                    allowed &= k_pos > q_pos - window
+                masks[window] = allowed  # (n, end - lo)
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            cache.k[index][:, start:end] = k[0]
+            cache.v[index][:, start:end] = v[0]
+            keys, values = cache.k[index][None, :, lo:end], cache.v[index][None, :, lo:end]
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[window], scale=self.arch.scale,
+                                                  enable_gqa=self.arch.n_kv != self.arch.n_heads)
+        return attend
+
+    def norm(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """A final RMSNorm of h (T, d) or (B, T, d), on the kernels where the step runs on them."""
+        if self.on_kernels(h):
+            return self.kernels.rms_norm(h.reshape(-1, h.shape[-1]).contiguous(), weight, self.arch.eps).view(h.shape)
+        return rms_norm(h, weight, self.arch)
+
+    def project(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """h @ weight.T (an LM head), on the kernels where the step runs on them."""
+        if self.on_kernels(h):
+            flat = h.reshape(-1, h.shape[-1]).contiguous()
+            return self.kernels.linear(flat, weight).view(*h.shape[:-1], -1)
+        return self.linear(h, weight)
