@@ -1,7 +1,7 @@
 """Issue 2 benchmark: prompt lookup vs plain decoding vs transformers generate(), side by side, bf16, T=0."""
 import time, statistics, torch
 from specdec import SpecDec
-from specdec.bench.prompts import task_prompts
+from specdec.prompts import task_prompts
 sd = SpecDec("smollm2-135m", "prompt-lookup")
 model, tok = sd.target.model, sd.tokenizer
 prompts = [p for t in ("code","summarise","translate") for p in task_prompts(t, 3, seed=0)]

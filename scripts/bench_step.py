@@ -11,9 +11,10 @@ import time
 
 import torch
 
-from specdec.backends import LeanBackend, TransformersBackend, kernels
+from specdec.backends import LeanBackend, TransformersBackend
+from specdec.modeling import kernels
 from specdec.bench.peers import hf_generate
-from specdec.bench.prompts import task_prompts
+from specdec.prompts import task_prompts
 from specdec.config import SamplingParams, SpecConfig
 from specdec.engine import SpeculativeEngine
 from specdec.models import load_model

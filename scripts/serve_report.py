@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from openai import OpenAI
 
-from specdec.bench.prompts import task_prompts
+from specdec.prompts import task_prompts
 
 
 def wait_ready(base: str, proc) -> None:
@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args()
     base = f"http://127.0.0.1:{args.port}"
-    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--port", str(args.port),
+    proc = subprocess.Popen([sys.executable, "-m", "specdec", "serve", "--port", str(args.port),
                              "--max-queue", "32", "--spec-off-depth", "32"])
     try:
         wait_ready(base, proc)

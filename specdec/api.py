@@ -19,6 +19,7 @@ from .drafters import build_drafter
 from .engine import Generation, SpeculativeEngine
 from .metrics import GenerationStats
 from .models import load_model
+from .text import TextStream
 
 
 @dataclass
@@ -37,39 +38,22 @@ class Result:
                 "finish_reason": self.finish_reason, "stats": self.stats.to_dict()}
 
 
-class TextStream:
-    """Token ids in, newly completed text out; holds back a partial multi-byte character."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.emitted = 0
-
-    def push(self, ids: list[int]) -> str:
-        self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return ""
-        new, self.emitted = text[self.emitted :], len(text)
-        return new
-
-
 class SpecDec:
     """A target model with a drafter, ready to generate.
 
     target: a built-in name (smollm2-135m, gemma3-270m), a local directory or a hub id.
-    drafter: prompt-lookup, ngram (draft = table file), model (draft = model name), trained (draft =
-    a trained drafter's directory; default: the one shipped for the target), none, the directory
-    of a trained drafter, or auto (the default: prompt lookup for greedy generations and, where a
+    drafter: prompt-lookup, ngram[:TABLE.npz], model:NAME_OR_DIR (a draft model with the target's
+    tokenizer), trained[:DIR] (default: the one shipped for the target), none, the directory of a
+    trained drafter, or auto (the default: prompt lookup for greedy generations and, where a
     trained drafter ships for the target, that drafter for sampled ones; measured faster so).
     backend: auto (the lean forward pass where the architecture is known, else transformers),
     lean or transformers.
     """
 
-    def __init__(self, target: str = "smollm2-135m", drafter: str = "auto", draft: str | None = None,
-                 dtype: str = "auto", device: str = "cpu", backend: str = "auto"):
+    def __init__(self, target: str = "smollm2-135m", drafter: str = "auto", dtype: str = "auto", device: str = "cpu",
+                 backend: str = "auto"):
         self.target = load_model(target, dtype, device)
-        self.drafter = build_drafter(drafter, draft, self.target, dtype, device, backend)
+        self.drafter = build_drafter(drafter, self.target, dtype, device, backend)
         self.engine = SpeculativeEngine(make_backend(self.target.model, backend), self.drafter,
                                         self.target.eos_token_ids)
 

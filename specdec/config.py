@@ -18,6 +18,36 @@ from .errors import SpecdecError
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 """The seeds torch.Generator.manual_seed takes."""
 
+BUILTIN_TARGETS = ("smollm2-135m", "gemma3-270m")
+"""The models that install from PyPI with specdec (specdec.models says where from)."""
+BACKENDS = ("auto", "lean", "transformers")
+"""The forward passes a target can run on (specdec.backends.make_backend)."""
+DRAFTER_KINDS = ("auto", "prompt-lookup", "ngram", "model", "trained", "none")
+DRAFTER_SYNTAX = ("auto, prompt-lookup, ngram[:TABLE.npz], model:NAME_OR_DIR, trained[:DIR], none, "
+                  "or a trained drafter's directory")
+"""How a drafter is named everywhere (CLI, API, server, bench): KIND or KIND:ARGUMENT."""
+
+
+def parse_drafter(spec: str) -> tuple[str, str | None]:
+    """'model:NAME' -> ('model', 'NAME'); 'prompt-lookup' -> ('prompt-lookup', None); a path that
+    exists (a trained drafter's directory, which may hold a colon) is kept whole.
+
+    >>> parse_drafter("model:HuggingFaceTB/SmolLM2-135M-Instruct")
+    ('model', 'HuggingFaceTB/SmolLM2-135M-Instruct')
+    """
+    from pathlib import Path
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise SpecdecError(f"a drafter is named {DRAFTER_SYNTAX}; got {spec!r}")
+    kind, sep, argument = spec.partition(":")
+    if not sep or kind not in DRAFTER_KINDS or Path(spec).exists():
+        return spec, None
+    if kind in ("auto", "prompt-lookup", "none"):
+        raise SpecdecError(f"the {kind} drafter takes no argument, got {spec!r}")
+    if not argument:
+        raise SpecdecError(f"{spec!r}: give the argument after the colon, as in {kind}:PATH")
+    return kind, argument
+
 
 @dataclass(frozen=True)
 class SamplingParams:

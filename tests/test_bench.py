@@ -5,7 +5,7 @@ import json
 import pytest
 
 from specdec.bench import runner
-from specdec.bench.prompts import TASKS, load_prompts_file, task_prompts
+from specdec.prompts import TASKS, load_prompts_file, task_prompts
 from specdec.cli import main
 from specdec.errors import SpecdecError
 

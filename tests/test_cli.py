@@ -10,7 +10,7 @@ from specdec.cli import main
 
 
 def run_cli(*args, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "specdec", *args], capture_output=True, text=True,
                           input=stdin, timeout=600)
 
 
@@ -35,8 +35,8 @@ def test_generate_tiny_model_json(tiny_dirs):
 
 
 def test_generate_with_draft_model_streams_text_and_summary(tiny_dirs):
-    proc = run_cli("generate", "the cat sat", "--target", str(tiny_dirs["target"]), "--drafter", "model",
-                   "--draft", str(tiny_dirs["draft"]), "--no-chat", "--dtype", "float32", "--max-new-tokens", "10",
+    proc = run_cli("generate", "the cat sat", "--target", str(tiny_dirs["target"]), "--drafter",
+                   f"model:{tiny_dirs['draft']}", "--no-chat", "--dtype", "float32", "--max-new-tokens", "10",
                    "--temperature", "0.8", "--seed", "1")
     assert proc.returncode == 0, proc.stderr
     assert "tokens in" in proc.stderr and "drafter model:draft" in proc.stderr
@@ -50,7 +50,11 @@ def test_generate_with_draft_model_streams_text_and_summary(tiny_dirs):
     (["generate", "hi", "--top-p", "1.5"], ["top-p"]),
     (["generate", "hi", "--target", "no-such-model-xyz"], ["cannot load model 'no-such-model-xyz'", "smollm2-135m"]),
     (["generate", "hi", "--target", "/no/such/dir"], ["does not exist"]),
-    (["generate", "hi", "--drafter", "ngram"], ["--draft"]),
+    (["generate", "hi", "--drafter", "ngram"], ["ngram:FILE.npz"]),
+    (["generate", "hi", "--drafter", "model"], ["model:NAME_OR_DIR"]),
+    (["generate", "hi", "--drafter", "model:"], ["after the colon"]),
+    (["generate", "hi", "--drafter", "prompt-lookup:x"], ["takes no argument"]),
+    (["generate", "hi", "--drafter", "magic"], ["unknown drafter 'magic'", "model:NAME_OR_DIR"]),
     (["generate", "hi", "--dtype", "int3"], ["dtype"]),
 ])
 def test_bad_input_is_a_clear_error(tiny_dirs, capsys, args, needles):
@@ -66,7 +70,7 @@ def test_bad_input_is_a_clear_error(tiny_dirs, capsys, args, needles):
 
 @pytest.mark.parametrize("args,needles", [
     (["generate", "abcdefgh " * 20, "--target", "{short}", "--no-chat"], ["context holds 64"]),
-    (["generate", "abc", "--target", "{target}", "--no-chat", "--drafter", "model", "--draft", "{alien}"],
+    (["generate", "abc", "--target", "{target}", "--no-chat", "--drafter", "model:{alien}"],
      ["another tokenizer", "alien"]),
     (["generate", "abc", "--target", "{target}", "--chat"], ["no chat template"]),
 ])

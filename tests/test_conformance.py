@@ -7,13 +7,13 @@ import pytest
 import torch
 
 import specdec.engine
-import specdec.verify
+import specdec.rejection
 from specdec.config import SamplingParams
 from specdec.conformance import Settings, run_conformance
 from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, PromptLookupDrafter, Proposal
 from specdec.engine import SpeculativeEngine
 from specdec.sampling import probs, sample
-from specdec.verify import Verdict, acceptance_probability, point_mass, residual
+from specdec.rejection import Verdict, acceptance_probability, point_mass, residual
 
 from helpers import TableLM
 
@@ -235,7 +235,7 @@ def test_parity_fails_naming_the_paths_when_they_differ():
 
 def test_parity_fails_on_a_row_invariant_path(monkeypatch):
     """Where passes of any row count round alike, a divergence is a bug, however small the gap."""
-    from specdec.verify import Verdict
+    from specdec.rejection import Verdict
 
     def accept_always_greedy(target_argmax, draft):
         return Verdict(accepted=draft.shape[0], token=int(target_argmax[draft.shape[0]]))
@@ -254,7 +254,7 @@ def test_verify_cli_json(tiny_dirs, tmp_path, capsys):
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "abc abc ab"}\n')
-    code = main(["verify", "--target", str(tiny_dirs["target"]), "--drafter", "model", "--draft", str(tiny_dirs["draft"]),
+    code = main(["verify", "--target", str(tiny_dirs["target"]), "--drafter", f"model:{tiny_dirs['draft']}",
                  "--dtype", "float32", "--quick", "--samples", "300", "--plain-samples", "200", "--long-runs", "2",
                  "--prompts", str(prompts), "--max-new-tokens", "12", "--json"])
     out = json.loads(capsys.readouterr().out)

@@ -12,7 +12,7 @@ from specdec.config import SamplingParams
 from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, PromptLookupDrafter
 from specdec.engine import SpeculativeEngine
 from specdec.exactness import exact_continuation_law, goodness_of_fit, sample_continuations
-from specdec.verify import Verdict
+from specdec.rejection import Verdict
 
 from conftest import tiny_llama
 

@@ -25,7 +25,7 @@ def free_port() -> int:
 
 def start_server(model_dir, *extra):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli", "serve", "--target", str(model_dir), "--dtype",
+    proc = subprocess.Popen([sys.executable, "-m", "specdec", "serve", "--target", str(model_dir), "--dtype",
                              "float32", "--port", str(port), *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     base = f"http://127.0.0.1:{port}"

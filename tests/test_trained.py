@@ -165,7 +165,7 @@ def test_data_sets_concatenate(trained):
 
 
 def test_open_questions_are_distinct_seeded_and_leave_out_the_bench():
-    from specdec.bench.prompts import CHAT_QUESTIONS
+    from specdec.prompts import CHAT_QUESTIONS
     from specdec.training.topics import open_questions
 
     questions = open_questions(10_000)
@@ -199,7 +199,7 @@ def test_drafter_for_another_target_is_refused(trained, tiny_dirs):
         load_trained_drafter(out["eagle"][1], other)
     alien = load_model(str(tiny_dirs["alien"]), "float32")
     with pytest.raises(SpecdecError, match="tokenizer differ"):
-        build_drafter(str(out["medusa"][1]), None, alien)
+        build_drafter(str(out["medusa"][1]), alien)
 
 
 def test_cli_train_then_generate(tiny_dirs, tmp_path, monkeypatch, capsys):
@@ -253,9 +253,9 @@ def test_auto_and_trained_kinds_without_a_shipped_drafter(tiny_dirs):
     from specdec.drafters import PromptLookupDrafter
 
     target = load_model(str(tiny_dirs["chat"]), "float32")
-    assert isinstance(build_drafter("auto", None, target), PromptLookupDrafter)
+    assert isinstance(build_drafter("auto", target), PromptLookupDrafter)
     with pytest.raises(SpecdecError, match="no trained drafter ships"):
-        build_drafter("trained", None, target)
+        build_drafter("trained", target)
 
 
 def test_kernel_drafting_matches_aten_drafting():

@@ -2,6 +2,6 @@
 
 from .base import Backend
 from .hf import TransformersBackend
-from .lean import BACKENDS, LeanBackend, make_backend
+from .lean import LeanBackend, make_backend
 
-__all__ = ["Backend", "TransformersBackend", "LeanBackend", "make_backend", "BACKENDS"]
+__all__ = ["Backend", "TransformersBackend", "LeanBackend", "make_backend"]

@@ -29,6 +29,7 @@ import math
 
 import torch
 
+from ..config import BACKENDS
 from ..errors import SpecdecError
 from ..modeling import KERNEL_ROWS, Arch, Decoder, LayerWeights, RopeTable, rotary_module_angles
 from ..modeling import kernels
@@ -147,6 +148,3 @@ def make_backend(model, prefer: str = "auto") -> Backend:
                            "use --backend transformers")
     return TransformersBackend(model)
 
-
-BACKENDS = ("auto", "lean", "transformers")
-"""The choices of make_backend (and of --backend)."""

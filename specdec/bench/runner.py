@@ -17,11 +17,11 @@ from pathlib import Path
 from .. import theory
 from ..backends import make_backend
 from ..config import SamplingParams, SpecConfig
-from ..drafters import build_drafter
+from ..drafters import build_drafter, parse_drafter
 from ..engine import SpeculativeEngine
 from ..models import load_model
 from .peers import hf_generate
-from .prompts import TASKS, Prompt, load_prompts_file, task_prompts
+from ..prompts import TASKS, Prompt, load_prompts_file, task_prompts
 
 
 @dataclass
@@ -40,11 +40,6 @@ class BenchConfig:
     backend: str = "auto"
     """auto (lean where known), lean or transformers: the forward pass specdec's rows run on."""
     peers: bool = True
-
-
-def parse_drafter(spec: str) -> tuple[str, str | None]:
-    kind, _, arg = spec.partition(":")
-    return kind, (arg or None)
 
 
 def _peak_rss_mb() -> float:
@@ -72,7 +67,7 @@ def run_bench(config: BenchConfig, progress=None) -> list[dict]:
     engines = {}
     for spec in config.drafters:
         kind, arg = parse_drafter(spec)
-        drafter = build_drafter(kind, arg, target, config.dtype, backend=config.backend)
+        drafter = build_drafter(spec, target, config.dtype, backend=config.backend)
         engines[spec] = (SpeculativeEngine(backend, drafter, eos), drafter, kind, arg)
     prompts = collect_prompts(config)
     encode = target.encode

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..config import DRAFTER_KINDS, DRAFTER_SYNTAX, parse_drafter
 from ..errors import SpecdecError
 from .base import Drafter, Proposal
 from .model import ModelDrafter
@@ -12,11 +13,10 @@ from .prompt_lookup import PromptLookupDrafter
 from .routed import ByTemperature
 from .trained import is_trained_drafter, load_trained_drafter
 
-DRAFTER_KINDS = ("auto", "prompt-lookup", "ngram", "model", "trained", "none")
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "drafters"
 
 __all__ = ["Drafter", "Proposal", "ByTemperature", "ModelDrafter", "NGramDrafter", "NGramTable", "PromptLookupDrafter",
-           "DRAFTER_KINDS", "build_drafter", "check_same_tokenizer", "shipped_drafter"]
+           "DRAFTER_KINDS", "DRAFTER_SYNTAX", "build_drafter", "check_same_tokenizer", "parse_drafter", "shipped_drafter"]
 
 
 def shipped_drafter(target_name: str) -> Path | None:
@@ -45,14 +45,15 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str, dr
         )
 
 
-def build_drafter(kind: str, draft: str | None, target, dtype="auto", device: str = "cpu",
-                  backend: str = "auto") -> Drafter | None:
-    """A drafter by kind name, or by the directory of a trained drafter. `target` is the LoadedModel
-    it drafts for; `draft` is the draft model (kind "model"), the n-gram table file (kind "ngram") or
-    the trained drafter's directory (kind "trained"; default: the one shipped for the target)."""
+def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend: str = "auto") -> Drafter | None:
+    """A drafter named as DRAFTER_SYNTAX says, for `target` (the LoadedModel it drafts for): the
+    argument is the draft model (model:NAME), the n-gram table file (ngram:FILE; default: the one
+    shipped for a built-in target) or the trained drafter's directory (trained:DIR; default: the
+    one shipped for the target)."""
     from ..backends import make_backend
     from ..models import load_model, tokenizer_fingerprint
 
+    kind, draft = parse_drafter(spec)
     if kind == "none":
         return None
     if kind == "auto":  # prompt lookup at T=0; at T>0 the trained drafter shipped for the target, if any
@@ -67,7 +68,7 @@ def build_drafter(kind: str, draft: str | None, target, dtype="auto", device: st
         if not draft and shipped.is_file():
             draft = str(shipped)  # the bigram table shipped for a built-in target
         if not draft:
-            raise SpecdecError("the ngram drafter needs a table: --draft FILE.npz (make one with `specdec ngram fit`)")
+            raise SpecdecError("the ngram drafter needs a table: ngram:FILE.npz (make one with `specdec ngram fit`)")
         if not Path(draft).is_file():
             raise SpecdecError(f"n-gram table {draft!r} does not exist (make one with `specdec ngram fit`)")
         table = NGramTable.load(draft)
@@ -79,7 +80,7 @@ def build_drafter(kind: str, draft: str | None, target, dtype="auto", device: st
         return NGramDrafter(table)
     if kind == "model":
         if not draft:
-            raise SpecdecError("the model drafter needs a draft model: --draft NAME_OR_DIR")
+            raise SpecdecError("the model drafter needs a draft model: model:NAME_OR_DIR")
         loaded = load_model(draft, dtype, device)
         check_same_tokenizer(target.tokenizer, loaded.tokenizer, target.name, draft)
         target_width = target.model.get_output_embeddings().weight.shape[0]
@@ -87,7 +88,7 @@ def build_drafter(kind: str, draft: str | None, target, dtype="auto", device: st
     if kind == "trained":
         draft = draft or shipped_drafter(target.name)
         if not draft:
-            raise SpecdecError(f"no trained drafter ships for {target.name!r}: give its directory with --draft DIR "
+            raise SpecdecError(f"no trained drafter ships for {target.name!r}: give its directory, trained:DIR "
                                "(make one with `specdec train-drafter`)")
         return load_trained_drafter(draft, target)
     if is_trained_drafter(kind):
@@ -95,4 +96,4 @@ def build_drafter(kind: str, draft: str | None, target, dtype="auto", device: st
     if Path(kind).exists():
         raise SpecdecError(f"{kind!r} is not a trained drafter's directory (it needs config.json and "
                            "model.safetensors, as `specdec train-drafter` writes them)")
-    raise SpecdecError(f"unknown drafter {kind!r}: use one of {', '.join(DRAFTER_KINDS)} or a trained drafter's directory")
+    raise SpecdecError(f"unknown drafter {kind!r}: use {DRAFTER_SYNTAX}")

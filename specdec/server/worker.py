@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..api import TextStream
+from ..text import TextStream
 from ..config import SamplingParams, SpecConfig
 
 

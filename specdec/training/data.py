@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from .. import corpus
-from ..bench.prompts import CHAT_QUESTIONS
+from ..prompts import CHAT_QUESTIONS
 from ..models import target_identity
 from ..paths import cache_dir
 from .topics import open_questions

@@ -15,8 +15,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import corpus
-from ..errors import SpecdecError
+from . import corpus
+from .errors import SpecdecError
 
 TASKS = ("translate", "summarise", "code", "chat")
 

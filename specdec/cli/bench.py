@@ -8,24 +8,15 @@ from pathlib import Path
 
 from ..config import SpecConfig
 from ..errors import SpecdecError
-from .prompts import TASKS
+from ..prompts import TASKS
+from .options import add_model_args, comma_list
 
 
-def _list(text: str, cast=str) -> list:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError("give a comma-separated list")
-    try:
-        return [cast(t) for t in items]
-    except (ValueError, SpecdecError) as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .report import markdown_table, plot
-    from .runner import BenchConfig, run_bench, write_rows
+    from ..bench.report import markdown_table, plot
+    from ..bench.runner import BenchConfig, run_bench, write_rows
 
     for task in args.tasks:
         if task not in TASKS:
@@ -64,21 +55,15 @@ def _run(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     bench = sub.add_parser("bench", help="reproduce the paper's experiments on this machine, with peers")
-    bench.add_argument("--target", default="smollm2-135m")
-    bench.add_argument("--drafter", action="append", default=[],
-                       help="prompt-lookup, ngram:FILE, model:NAME_OR_DIR, trained[:DIR] or a trained drafter DIR; "
-                            "repeatable (default: prompt-lookup)")
-    bench.add_argument("--tasks", type=_list, default=list(TASKS), help="comma-separated (default: all)")
-    bench.add_argument("--temperatures", type=lambda t: _list(t, float), default=[0.0, 1.0])
-    bench.add_argument("--gammas", type=lambda t: _list(t, SpecConfig.parse_gamma), default=[1, 2, 4, 8, "auto"])
+    add_model_args(bench, repeat_drafter=True)
+    bench.add_argument("--tasks", type=comma_list(), default=list(TASKS), help="comma-separated (default: all)")
+    bench.add_argument("--temperatures", type=comma_list(float), default=[0.0, 1.0])
+    bench.add_argument("--gammas", type=comma_list(SpecConfig.parse_gamma), default=[1, 2, 4, 8, "auto"])
     bench.add_argument("--prompts-per-task", type=int, default=3)
     bench.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="your own prompts instead of the task sets")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--dtype", default="auto")
-    bench.add_argument("--backend", default="auto", choices=("auto", "lean", "transformers"),
-                       help="specdec's forward pass (peers always run transformers' generate())")
     bench.add_argument("--no-peers", action="store_true", help="skip transformers' generate() rows")
     bench.add_argument("--quick", action="store_true", help="a small run CI can afford")
     bench.add_argument("--out", default="bench-out", help="output directory (default: %(default)s)")
-    bench.set_defaults(handler=_run)
+    bench.set_defaults(handler=run)

@@ -13,16 +13,17 @@ import sys
 from pathlib import Path
 
 from ..errors import SpecdecError
+from .options import add_dtype, add_target
 
 
-def _train_drafter(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..drafters.nets import KINDS
     from ..drafters.trained import is_trained_drafter, save_drafter
     from ..models import load_model
-    from .data import DataRecipe, DistillData, build_data
-    from .train import SIZES, TrainRecipe, train
+    from ..training.data import DataRecipe, DistillData, build_data
+    from ..training.train import SIZES, TrainRecipe, train
 
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not (is_trained_drafter(out) and args.overwrite):
@@ -81,7 +82,7 @@ def _train_drafter(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("train-drafter", help="train a drafter (draft-lm, medusa or eagle) for a target")
-    p.add_argument("--target", default="smollm2-135m", help="the target model (default: %(default)s)")
+    add_target(p)
     p.add_argument("--kind", required=True, help="draft-lm, medusa or eagle")
     p.add_argument("--out", required=True, help="directory to write the drafter to")
     p.add_argument("--size", default="s", choices=("s", "m", "l"),
@@ -103,9 +104,9 @@ def register(sub) -> None:
     p.add_argument("--data-batch", type=int, default=32, help="prompts sampled together (default: %(default)s)")
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="training seed")
-    p.add_argument("--dtype", default="auto", help="the target's dtype while sampling (default: %(default)s)")
+    add_dtype(p)
     p.add_argument("--device", default="cpu")
     p.add_argument("--init", default=None, metavar="DIR",
                    help="continue training the drafter saved in DIR (same kind and target; its sizes are kept)")
     p.add_argument("--overwrite", action="store_true", help="replace a trained drafter already in --out")
-    p.set_defaults(handler=_train_drafter)
+    p.set_defaults(handler=run)

@@ -6,16 +6,16 @@ import argparse
 import json
 from dataclasses import replace
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
+from .options import add_model_args, add_sampling_args, check_sampling_args
 
 
-def _run(args: argparse.Namespace) -> int:
-    from .api import SpecDec
-    from .bench.prompts import load_prompts_file, task_prompts
-    from .cli import check_sampling_args
-    from .config import SamplingParams
-    from .conformance import Settings, run_conformance
-    from .engine import SpeculativeEngine
+def run(args: argparse.Namespace) -> int:
+    from ..api import SpecDec
+    from ..config import SamplingParams
+    from ..conformance import Settings, run_conformance
+    from ..engine import SpeculativeEngine
+    from ..prompts import load_prompts_file, task_prompts
 
     check_sampling_args(args)
     base = Settings.quick() if args.quick else Settings()
@@ -36,8 +36,7 @@ def _run(args: argparse.Namespace) -> int:
         raise SpecdecError("--drafter-invariant is for sampling: give --temperature > 0")
     if args.gamma == 0:
         raise SpecdecError("--gamma 0 is plain decoding: there is nothing speculative to verify")
-    sd = SpecDec(target=args.target, drafter=args.drafter, draft=args.draft, dtype=args.dtype, device=args.device,
-                 backend=args.backend)
+    sd = SpecDec(target=args.target, drafter=args.drafter, dtype=args.dtype, device=args.device, backend=args.backend)
     if sd.drafter is None:
         raise SpecdecError("--drafter none: there is nothing speculative to verify")
     texts = ([p.text for p in load_prompts_file(args.prompts)] if args.prompts else
@@ -54,8 +53,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from .cli import add_model_args, add_sampling_args
-    from .conformance import Settings
+    from ..conformance import Settings
 
     verify = sub.add_parser("verify", help="check that speculative sampling follows the target's law (exit 1 on FAIL)")
     add_model_args(verify)
@@ -78,4 +76,4 @@ def register(sub) -> None:
                         help="built-in prompts, code and translation in turn (default: %(default)s: one prompt and "
                              "more samples see more than more prompts and fewer samples)")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
-    verify.set_defaults(handler=_run)
+    verify.set_defaults(handler=run)

@@ -7,13 +7,14 @@ import os
 import sys
 
 from ..errors import SpecdecError
+from .options import add_model_args, gamma
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..api import SpecDec
-    from .app import LOOPBACK_HOSTS, create_app
+    from ..server.app import LOOPBACK_HOSTS, create_app
 
     for name in ("max_queue", "spec_off_depth", "max_body_bytes"):
         if getattr(args, name) < 1:
@@ -24,8 +25,7 @@ def _run(args: argparse.Namespace) -> int:
     else:  # on loopback, only loopback names: a web page cannot reach the server by DNS rebinding
         loopback = args.host in LOOPBACK_HOSTS or args.host.startswith("127.")
         allowed = (*LOOPBACK_HOSTS, args.host) if loopback else None
-    sd = SpecDec(target=args.target, drafter=args.drafter, draft=args.draft, dtype=args.dtype, device=args.device,
-                 backend=args.backend)
+    sd = SpecDec(target=args.target, drafter=args.drafter, dtype=args.dtype, device=args.device, backend=args.backend)
     sd.generate([sd.tokenizer.eos_token_id or 0], max_new_tokens=2, gamma=0)  # warm-up before the first client
     app = create_app(sd, args.served_model_name or args.target, api_key=api_key, max_queue=args.max_queue,
                      spec_off_depth=args.spec_off_depth, max_body_bytes=args.max_body_bytes, gamma=args.gamma,
@@ -36,8 +36,6 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from ..cli import _gamma, add_model_args
-
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server")
     add_model_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="default: %(default)s (loopback only)")
@@ -51,10 +49,10 @@ def register(sub) -> None:
     serve.add_argument("--cors-origins", nargs="+", default=None, metavar="ORIGIN",
                        help="browser origins allowed to call the API (CORS); default: none")
     serve.add_argument("--served-model-name", default=None, help="the model id clients use (default: --target)")
-    serve.add_argument("--gamma", type=_gamma, default="auto", help="default gamma for requests (default: auto)")
+    serve.add_argument("--gamma", type=gamma, default="auto", help="default gamma for requests (default: auto)")
     serve.add_argument("--max-queue", type=int, default=16, help="requests waiting or running before 429 (default: 16)")
     serve.add_argument("--spec-off-depth", type=int, default=4,
                        help="queue depth at which new requests are served without speculation (default: 4)")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default: 1 MiB)")
     serve.add_argument("--log-level", default="warning")
-    serve.set_defaults(handler=_run)
+    serve.set_defaults(handler=run)

@@ -6,12 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
+from .options import add_dtype, add_target
 
 
 def corpus_texts(name: str, limit: int, seed: int) -> list[str]:
     """Texts of a named corpus (gettext, man, stdlib) or the lines of a text file."""
-    from . import corpus
+    from .. import corpus
 
     if name == "gettext":
         messages = corpus.gettext_messages()
@@ -26,11 +27,11 @@ def corpus_texts(name: str, limit: int, seed: int) -> list[str]:
     return [path.read_text(encoding="utf-8", errors="replace")]
 
 
-def _fit(args: argparse.Namespace) -> int:
+def fit_table(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from .drafters import NGramTable
-    from .models import load_model, tokenizer_fingerprint
+    from ..drafters import NGramTable
+    from ..models import load_model, tokenizer_fingerprint
 
     if args.n < 2:
         raise SpecdecError(f"--n must be >= 2 (2 = bigram), got {args.n}")
@@ -41,8 +42,8 @@ def _fit(args: argparse.Namespace) -> int:
         sequences += [target.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
         sources.append(f"{name}:{len(texts)}")
     if args.from_target:
-        from .api import SpecDec
-        from .bench.prompts import task_prompts
+        from ..api import SpecDec
+        from ..prompts import task_prompts
 
         sd = SpecDec(target=args.target, drafter="none", dtype=args.dtype)
         prompts = [p for task in ("chat", "summarise", "code", "translate") for p in task_prompts(task, args.from_target, args.seed + 1)]
@@ -64,7 +65,7 @@ def register(sub) -> None:
     ngram = sub.add_parser("ngram", help="n-gram drafter tables")
     ngram_sub = ngram.add_subparsers(dest="ngram_command", required=True)
     fit = ngram_sub.add_parser("fit", help="fit a table on text and/or on the target's own outputs")
-    fit.add_argument("--target", default="smollm2-135m", help="the target whose tokenizer the table uses")
+    add_target(fit, "the target whose tokenizer the table uses")
     fit.add_argument("--corpus", action="append", default=[],
                      help="gettext, man, stdlib or a text file; repeatable")
     fit.add_argument("--from-target", type=int, default=0, metavar="N",
@@ -74,6 +75,6 @@ def register(sub) -> None:
     fit.add_argument("--n", type=int, default=2, help="2 = bigram (default), 3 = trigram with bigram back-off, ...")
     fit.add_argument("--limit", type=int, default=2000, help="texts per corpus (default: %(default)s)")
     fit.add_argument("--seed", type=int, default=0)
-    fit.add_argument("--dtype", default="auto")
+    add_dtype(fit)
     fit.add_argument("--out", required=True, help="the .npz file to write")
-    fit.set_defaults(handler=_fit)
+    fit.set_defaults(handler=fit_table)

@@ -1,0 +1,75 @@
+"""Options several subcommands share, with their defaults read from the config dataclasses."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..config import BACKENDS, BUILTIN_TARGETS, DRAFTER_SYNTAX, SamplingParams, SpecConfig
+from ..errors import SpecdecError
+
+SAMPLING, SPEC = SamplingParams(), SpecConfig()
+
+
+def gamma(text: str):
+    """--gamma's type: 'auto' or an integer >= 0."""
+    try:
+        return SpecConfig.parse_gamma(text)
+    except SpecdecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def comma_list(cast=str):
+    """A type for comma-separated lists, each item converted by `cast`."""
+    def parse(text: str) -> list:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("give a comma-separated list")
+        try:
+            return [cast(t) for t in items]
+        except (ValueError, SpecdecError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse
+
+
+def add_target(parser: argparse.ArgumentParser, what: str = "target model p") -> None:
+    parser.add_argument("--target", default="smollm2-135m",
+                        help=f"{what}: {', '.join(BUILTIN_TARGETS)}, a local directory or a hub id (default: %(default)s)")
+
+
+def add_model_args(parser: argparse.ArgumentParser, drafter: bool = True, repeat_drafter: bool = False) -> None:
+    """--target, --drafter, --dtype, --device, --backend."""
+    add_target(parser)
+    if repeat_drafter:
+        parser.add_argument("--drafter", action="append", default=[], metavar="DRAFTER",
+                            help=f"how drafts are made: {DRAFTER_SYNTAX}; repeatable (default: prompt-lookup)")
+    elif drafter:
+        parser.add_argument("--drafter", default="auto", metavar="DRAFTER",
+                            help=f"how drafts are made: {DRAFTER_SYNTAX} (default: %(default)s)")
+    add_dtype(parser)
+    parser.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
+    parser.add_argument("--backend", default="auto", choices=BACKENDS,
+                        help="forward pass: auto (lean where the architecture is known), lean, transformers")
+
+
+def add_dtype(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (bfloat16 where the CPU has fast bf16, else float32), bfloat16, float32, float16")
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    """The fields of SamplingParams and SpecConfig a request sets."""
+    parser.add_argument("--temperature", type=float, default=SAMPLING.temperature, help="0 = greedy (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=SAMPLING.top_k, help="keep the k most likely tokens; 0 = off")
+    parser.add_argument("--top-p", type=float, default=SAMPLING.top_p, help="nucleus sampling mass in (0, 1]")
+    parser.add_argument("--seed", type=int, default=SAMPLING.seed,
+                        help="seed of the request's random generator; a seeded sampled generation draws every token "
+                             "by noise keyed by (seed, position), so its output does not depend on the drafter or gamma")
+    parser.add_argument("--gamma", type=gamma, default=SPEC.gamma,
+                        help="draft tokens per round: an integer (0 = plain decoding) or auto (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=SPEC.max_new_tokens, help="default: %(default)s")
+
+
+def check_sampling_args(args: argparse.Namespace) -> None:
+    """Fail on bad sampling flags before any model is loaded."""
+    SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    SpecConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens)
