@@ -1,0 +1,98 @@
+"""Imports follow the flow: apps -> api -> engine -> drafters -> verification pieces -> backends ->
+modeling -> settings. A module may import from its own unit and from units in lower layers, never
+upward or sideways (the apps do not import each other). Checked on the source, so it costs nothing."""
+
+import ast
+from pathlib import Path
+
+import specdec
+
+LAYERS = [
+    {"__main__"},
+    {"cli"},
+    {"server", "bench", "training", "conformance"},
+    {"api"},
+    {"engine"},
+    {"drafters"},
+    {"rejection", "gamma", "metrics", "exactness"},
+    {"sampling", "theory"},
+    {"backends", "models"},
+    {"modeling"},
+    {"prompts", "text"},
+    {"corpus", "config", "paths"},
+    {"errors"},
+]
+ROOT = Path(specdec.__file__).parent
+
+
+def unit_of(module: str) -> str | None:
+    """specdec.drafters.nets -> 'drafters'; the package itself -> None."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "specdec" and len(parts) > 1 else None
+
+
+def layer_of(unit: str) -> int:
+    for i, layer in enumerate(LAYERS):
+        if unit in layer:
+            return i
+    raise AssertionError(f"specdec.{unit} is in no layer: add it to LAYERS in {__file__}")
+
+
+def imports(path: Path, root: Path = ROOT) -> list[tuple[str, int]]:
+    """(absolute module name, line) of every import in the file, lazy ones included."""
+    package = "specdec." + ".".join(path.relative_to(root).with_suffix("").parts)
+    if path.name == "__init__.py":
+        package = package.rsplit(".", 1)[0] + ".__init__"
+    base = package.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                prefix = ".".join(base[: len(base) - node.level + 1])
+                module = f"{prefix}.{node.module}" if node.module else prefix
+                if not node.module:  # from . import x, y: each name may be a module
+                    found += [(f"{module}.{alias.name}", node.lineno) for alias in node.names]
+                    continue
+            else:
+                module = node.module
+            found.append((module, node.lineno))
+    return found
+
+
+def violations(root: Path = ROOT) -> list[str]:
+    wrong = []
+    for path in sorted(root.rglob("*.py")):
+        source_unit = unit_of("specdec." + ".".join(path.relative_to(root).with_suffix("").parts))
+        if source_unit in (None, "__init__"):
+            continue  # the package's own __init__ re-exports the API
+        for module, line in imports(path, root):
+            target_unit = unit_of(module)
+            if target_unit is None or target_unit == source_unit or module.startswith("specdec.__init__"):
+                continue
+            if layer_of(target_unit) <= layer_of(source_unit):
+                wrong.append(f"{path.relative_to(root.parent)}:{line} imports {module}")
+    return wrong
+
+
+def test_every_import_follows_the_flow():
+    wrong = violations()
+    assert not wrong, "imports against the flow:\n" + "\n".join(wrong)
+
+
+def test_the_check_catches_upward_and_sideways_imports(tmp_path):
+    """The negative control: a copy of the sources where the engine imports the server (lazily,
+    inside a function) and the bench imports the server is refused, naming both lines."""
+    import shutil
+
+    copy = tmp_path / "specdec"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("data", "*.cpp", "__pycache__"))
+    with open(copy / "engine.py", "a") as f:
+        f.write("\n\ndef _peek():\n    from .server import app\n    return app\n")
+    with open(copy / "bench" / "runner.py", "a") as f:
+        f.write("\nfrom ..server.worker import Worker\n")
+    wrong = violations(copy)
+    assert len(wrong) == 2, wrong
+    assert any("engine.py" in w and "specdec.server" in w for w in wrong)
+    assert any("runner.py" in w and "specdec.server.worker" in w for w in wrong)
