@@ -12,12 +12,12 @@ import time
 import torch
 
 from specdec.backends import LeanBackend, TransformersBackend
-from specdec.modeling import kernels
 from specdec.bench.peers import hf_generate
-from specdec.prompts import task_prompts
 from specdec.config import SamplingParams, SpecConfig
 from specdec.engine import SpeculativeEngine
+from specdec.modeling import kernels
 from specdec.models import load_model
+from specdec.prompts import task_prompts
 
 
 def bandwidth(size_mb: int = 512, repeats: int = 10) -> tuple[float, float]:
@@ -26,8 +26,12 @@ def bandwidth(size_mb: int = 512, repeats: int = 10) -> tuple[float, float]:
     dst = torch.empty_like(src)
     reads, copies = [], []
     for _ in range(repeats):
-        t = time.perf_counter(); src.sum(); reads.append(time.perf_counter() - t)
-        t = time.perf_counter(); dst.copy_(src); copies.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        src.sum()
+        reads.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        dst.copy_(src)
+        copies.append(time.perf_counter() - t)
     nbytes = src.numel() * 4
     return nbytes / min(reads) / 1e9, 2 * nbytes / min(copies) / 1e9
 
@@ -90,7 +94,7 @@ def main() -> None:
                 "transformers": TransformersBackend(loaded.model)}
     for positions in (1, 8):
         rows = {}
-        for name, backend in backends.items():
+        for backend in backends.values():
             step_times(backend, context, positions, 3)  # warm-up
         for _ in range(3):  # interleave the backends
             for name, backend in backends.items():
@@ -105,12 +109,14 @@ def main() -> None:
     greedy = SamplingParams()
     for text in prompts:
         ids = loaded.encode(text)
-        run = SpeculativeEngine(lean, None, loaded.eos_token_ids).generate(ids, greedy, SpecConfig(gamma=0, max_new_tokens=64)).run()
+        plain = SpeculativeEngine(lean, None, loaded.eos_token_ids)
+        run = plain.generate(ids, greedy, SpecConfig(gamma=0, max_new_tokens=64)).run()
         tokens, seconds = hf_generate(loaded.model, ids, greedy, 64, loaded.eos_token_ids)
         ours = run.stats.tokens_per_second
         theirs = len(tokens) / seconds
         ratios.append(ours / theirs)
-        print(f"plain decoding: {lean.path} {ours:.1f} tok/s vs transformers generate() {theirs:.1f} tok/s ({ours / theirs:.2f}x); "
+        print(f"plain decoding: {lean.path} {ours:.1f} tok/s vs transformers generate() {theirs:.1f} tok/s "
+              f"({ours / theirs:.2f}x); "
               f"identical: {run.tokens == tokens}")
     print(f"plain decoding speedup over generate(): median {statistics.median(ratios):.2f}x "
           f"(min {min(ratios):.2f}, max {max(ratios):.2f})")

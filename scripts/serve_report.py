@@ -68,7 +68,8 @@ def main() -> None:
             print(f"{label}: time per output token p50 {percentile(values, 0.5) * 1e3:.1f} ms, "
                   f"p95 {percentile(values, 0.95) * 1e3:.1f} ms over {len(values)} requests")
         ratio = [b / a for a, b in zip(per_token["speculative (gamma auto)"], per_token["plain (gamma 0)"])]
-        print(f"time to first token is part of each request's time; per-request speedup: median {statistics.median(ratio):.2f}x (min {min(ratio):.2f}, max {max(ratio):.2f})")
+        print("time to first token is part of each request's time; per-request speedup: "
+              f"median {statistics.median(ratio):.2f}x (min {min(ratio):.2f}, max {max(ratio):.2f})")
 
         def ask(i):
             out = client.completions.create(model="smollm2-135m", prompt=f"Count: {i}, {i + 1},", max_tokens=16,
@@ -86,7 +87,8 @@ def main() -> None:
         print(">>> user: Translate to German: The file could not be opened.")
         print("<<< assistant: ", end="", flush=True)
         stream = client.chat.completions.create(model="smollm2-135m", stream=True, max_tokens=48, temperature=0,
-                                                messages=[{"role": "user", "content": "Translate to German: The file could not be opened."}])
+                                                messages=[{"role": "user",
+                                                           "content": "Translate to German: The file could not be opened."}])
         for chunk in stream:
             print(chunk.choices[0].delta.content or "", end="", flush=True)
             if chunk.model_extra.get("speculation"):

@@ -77,8 +77,7 @@ class SpecDec:
             prompt_ids = list(prompt)
         else:
             prompt_ids = self.encode(prompt, chat)
-        with torch.inference_mode():
-            return prompt_ids, self.engine.generate(prompt_ids, sampling, spec)
+        return prompt_ids, self.engine.generate(prompt_ids, sampling, spec)
 
     def stream(self, prompt, **kwargs) -> Iterator[str]:
         """Yield text pieces as tokens are accepted."""

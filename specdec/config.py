@@ -86,7 +86,7 @@ class SamplingParams:
 
     @classmethod
     def for_request(cls, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                    drafter_invariant: bool | None = None) -> "SamplingParams":
+                    drafter_invariant: bool | None = None) -> SamplingParams:
         """Settings for a user's request: a seeded sampled request is drafter-invariant unless told
         otherwise, so its output depends on the seed alone (the CLI, the API and the server)."""
         if drafter_invariant is None:

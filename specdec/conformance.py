@@ -32,8 +32,17 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .config import SamplingParams, SpecConfig
-from .exactness import (StatTest, acceptance_z, detectable_tv, goodness_of_fit, holm, homogeneity, randomized_pit,
-                        sample_continuations, uniformity)
+from .exactness import (
+    StatTest,
+    acceptance_z,
+    detectable_tv,
+    goodness_of_fit,
+    holm,
+    homogeneity,
+    randomized_pit,
+    sample_continuations,
+    uniformity,
+)
 from .sampling import position_noise, probs
 
 
@@ -60,7 +69,7 @@ class Settings:
     """The family-wise false-alarm rate."""
 
     @staticmethod
-    def quick() -> "Settings":
+    def quick() -> Settings:
         return Settings(samples=800, long_runs=8, long_tokens=48, bonus_rescores=100, parity_tokens=48, parity_seeds=3)
 
 

@@ -25,8 +25,8 @@ from .drafters.base import Drafter, Proposal
 from .errors import SpecdecError
 from .gamma import GammaPolicy
 from .metrics import GenerationStats
-from .sampling import coupled_draw, new_generator, probs
 from .rejection import verify, verify_greedy
+from .sampling import coupled_draw, new_generator, probs
 
 
 class Generation:
@@ -44,7 +44,7 @@ class Generation:
             self.tokens.extend(chunk)
             yield chunk
 
-    def run(self) -> "Generation":
+    def run(self) -> Generation:
         """Run to the end without streaming."""
         for _ in self:
             pass
@@ -82,6 +82,7 @@ class SpeculativeEngine:
             raise SpecdecError(f"prompt token ids must be in [0, {self.target.vocab_size})")
         drafter = self.drafter.for_sampling(sampling) if self.drafter is not None and spec.gamma != 0 else None
         self._check_free()
+        self.target.record_hidden = drafter is not None and drafter.reads_features  # only who reads them pays
         stats = GenerationStats(drafter=drafter.name if drafter else "none", path=self.target.path)
         stats.prompt_tokens = prompt.numel()
         return Generation(self._rounds(prompt, sampling, spec, drafter, stats), stats)

@@ -281,7 +281,10 @@ def exact_continuation_law(model, prompt_ids: list[int], k: int, sampling, vocab
     vocab = model.get_output_embeddings().weight.shape[0]
     if vocab ** (k - 1) > vocab_limit:
         raise ValueError(f"enumerating {vocab}^{k - 1} prefixes is too much; use k = 1 or a smaller model")
-    prefixes = torch.cartesian_prod(*[torch.arange(vocab)] * (k - 1)).reshape(-1, k - 1) if k > 1 else torch.zeros(1, 0, dtype=torch.long)
+    if k > 1:
+        prefixes = torch.cartesian_prod(*[torch.arange(vocab)] * (k - 1)).reshape(-1, k - 1)
+    else:
+        prefixes = torch.zeros(1, 0, dtype=torch.long)
     inputs = torch.cat([torch.tensor(prompt_ids).expand(len(prefixes), -1), prefixes], dim=1)  # (M, P+k-1)
     logits = model(input_ids=inputs).logits[:, len(prompt_ids) - 1 :].float()  # (M, k, V)
     dist = probs(logits.reshape(-1, vocab), sampling).reshape(len(prefixes), k, vocab).double()

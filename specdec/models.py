@@ -144,7 +144,7 @@ class LoadedModel:
     def has_chat_template(self) -> bool:
         return bool(getattr(self.tokenizer, "chat_template", None))
 
-    def encode(self, prompt: "str | list[dict]", chat: bool | None = None) -> list[int]:
+    def encode(self, prompt: str | list[dict], chat: bool | None = None) -> list[int]:
         """Text (or chat messages) -> prompt token ids. chat=None uses the chat template when the
         tokenizer has one."""
         if isinstance(prompt, str) and not prompt.strip():

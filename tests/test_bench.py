@@ -5,9 +5,9 @@ import json
 import pytest
 
 from specdec.bench import runner
-from specdec.prompts import TASKS, load_prompts_file, task_prompts
 from specdec.cli import main
 from specdec.errors import SpecdecError
+from specdec.prompts import TASKS, load_prompts_file, task_prompts
 
 
 @pytest.fixture

@@ -8,14 +8,13 @@ import torch
 
 import specdec.engine
 import specdec.rejection
+from helpers import TableLM
 from specdec.config import SamplingParams
 from specdec.conformance import Settings, run_conformance
 from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, PromptLookupDrafter, Proposal
 from specdec.engine import SpeculativeEngine
-from specdec.sampling import probs, sample
 from specdec.rejection import Verdict, acceptance_probability, point_mass, residual
-
-from helpers import TableLM
+from specdec.sampling import probs, sample
 
 VOCAB, EOS = 8, 7
 PROMPTS = [[0, 1, 2, 3, 4, 5, 6, 1, 2, 3]]

@@ -10,14 +10,13 @@ import pytest
 import torch
 
 import specdec.engine
+from helpers import TableLM
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, PromptLookupDrafter
 from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
 from specdec.exactness import goodness_of_fit, sample_continuations
 from specdec.sampling import coupled_draw, probs
-
-from helpers import TableLM
 
 VOCAB = 8
 PROMPT = [0, 1, 2, 3, 4, 5, 6, 1, 2, 3]

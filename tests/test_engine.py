@@ -3,13 +3,12 @@
 import pytest
 import torch
 
+from helpers import tiny_gemma3, tiny_llama
 from specdec.backends import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, PromptLookupDrafter
 from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
-
-from conftest import tiny_gemma3, tiny_llama
 
 VOCAB = 40
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 9, 4, 5, 6, 1, 2]  # repeats, so prompt lookup has matches

@@ -8,10 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specdec.modeling import kernels
-from specdec.modeling import rotate
-
-from conftest import tiny_gemma3, tiny_llama
+from helpers import tiny_gemma3, tiny_llama
+from specdec.modeling import kernels, rotate
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,12 @@ greedy parity; unknown architectures fall back to transformers."""
 import pytest
 import torch
 
+from helpers import tiny_gemma3, tiny_llama
 from specdec.backends import TransformersBackend
 from specdec.backends.lean import LeanBackend, make_backend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
 from specdec.engine import SpeculativeEngine
-
-from conftest import tiny_gemma3, tiny_llama
 
 VOCAB = 40
 MODELS = {"llama": lambda seed=0: tiny_llama(VOCAB, seed=seed),

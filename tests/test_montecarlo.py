@@ -7,14 +7,13 @@ these check the real forward passes, caches and rollbacks."""
 import pytest
 
 import specdec.engine
+from helpers import tiny_llama
 from specdec.backends import LeanBackend, TransformersBackend
 from specdec.config import SamplingParams
 from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, PromptLookupDrafter
 from specdec.engine import SpeculativeEngine
 from specdec.exactness import exact_continuation_law, goodness_of_fit, sample_continuations
 from specdec.rejection import Verdict
-
-from conftest import tiny_llama
 
 VOCAB, K, N = 5, 3, 2000
 PROMPT = [0, 1, 2, 3, 4, 1]

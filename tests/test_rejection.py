@@ -6,10 +6,10 @@ broken residual."""
 import pytest
 import torch
 
-from specdec.config import SamplingParams
-from specdec.sampling import probs
 import specdec.rejection
+from specdec.config import SamplingParams
 from specdec.rejection import accept_prefix, acceptance_probability, point_mass, residual, verify, verify_greedy
+from specdec.sampling import probs
 
 V = 12
 
@@ -117,7 +117,8 @@ def test_verify_with_no_draft_samples_from_p():
 
 def test_verify_greedy():
     argmax = torch.tensor([3, 4, 5, 6])
-    assert (verify_greedy(argmax, torch.tensor([3, 4, 5])).accepted, verify_greedy(argmax, torch.tensor([3, 4, 5])).token) == (3, 6)
+    verdict = verify_greedy(argmax, torch.tensor([3, 4, 5]))
+    assert (verdict.accepted, verdict.token) == (3, 6)
     v = verify_greedy(argmax, torch.tensor([3, 9, 5]))
     assert (v.accepted, v.token) == (1, 4)
     v = verify_greedy(argmax[:1], torch.zeros(0, dtype=torch.long))

@@ -3,9 +3,8 @@ tokenizers (DecodeStream) and on the windowed fallback."""
 
 import pytest
 
+from helpers import char_tokenizer
 from specdec.text import TextStream
-
-from conftest import char_tokenizer
 
 TEXTS = ["Hällo wörld — 日本語のテキスト 🎉🎉 and code:\n\tdef f(x):\n        return x**2  # ok",
          "  leading spaces\n\n\nend "]

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from helpers import tiny_gemma3, tiny_llama
 from specdec.backends import LeanBackend, TransformersBackend
 from specdec.cli import main
 from specdec.config import SamplingParams, SpecConfig
@@ -17,8 +18,6 @@ from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
 from specdec.exactness import exact_continuation_law, goodness_of_fit, sample_continuations
 from specdec.models import load_model
-
-from conftest import tiny_gemma3, tiny_llama
 
 KINDS = ("draft-lm", "eagle", "medusa")
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 9, 4, 5, 6, 1, 2]
@@ -242,8 +241,8 @@ def test_packed_bf16_drafting_matches_unpacked():
     for kind in KINDS:
         net = random_net(kind, target, torch.arange(0, 40, 2)).to(torch.bfloat16)
         with torch.no_grad():
-            run = {"draft-lm": lambda: net.lm(x), "eagle": lambda: net.logits(net.eagle(f, x)),
-                   "medusa": lambda: net.logits(net.medusa_features(f))}[kind]
+            run = {"draft-lm": lambda net=net: net.lm(x), "eagle": lambda net=net: net.logits(net.eagle(f, x)),
+                   "medusa": lambda net=net: net.logits(net.medusa_features(f))}[kind]
             before = run()
             net.pack()
             torch.testing.assert_close(run(), before, atol=0, rtol=0)
@@ -275,7 +274,7 @@ def test_kernel_drafting_matches_aten_drafting():
         fast.use_kernels(kern)
         caches = {id(net): net.new_cache(), id(fast): fast.new_cache()}
 
-        def run(model, lo, hi):
+        def run(model, lo, hi, kind=kind, caches=caches):
             cache = caches[id(model)]
             if kind == "draft-lm":
                 return model.lm(x[:, lo:hi], cache, lo)
@@ -325,3 +324,20 @@ def test_specdec_verify_passes_each_kind(kind):
     report = run_conformance("tiny", torch.float32, plain, spec, backend, [MC_PROMPT],
                              SamplingParams(temperature=0.7, top_p=0.9), "auto", Settings.quick(), seed=2)
     assert report.passed, report.to_text()
+
+
+def test_only_generations_whose_drafter_reads_features_record_them():
+    """eagle and a plain engine share one backend (as in `specdec bench`): the plain baseline and
+    gamma = 0 generations must not pay for recording features."""
+    target = tiny_llama(40, seed=0)
+    backend = LeanBackend(target)
+    eagle = SpeculativeEngine(backend, random_drafter("eagle", target, torch.arange(0, 40, 2)))
+    plain = SpeculativeEngine(backend)
+    recorded = []
+    store = backend._store_hidden
+    backend._store_hidden = lambda start, features: (recorded.append(backend.record_hidden), store(start, features))
+    for engine, gamma, expected in ((eagle, 2, True), (plain, 0, False), (eagle, 0, False), (eagle, "auto", True)):
+        recorded.clear()
+        run = engine.generate(PROMPT, SamplingParams(), SpecConfig(gamma=gamma, max_new_tokens=8)).run()
+        assert backend.record_hidden is expected and set(recorded) == {expected}, (engine.drafter, gamma)
+        assert len(run.tokens) == 8

@@ -19,7 +19,8 @@ model.py does:
   window where a layer has one).
 
 The layers themselves live in specdec.modeling (shared with the trained drafters); this module
-reads a transformers model's weights into them. It must give transformers' logits for the same weights and dtype (tests/test_lean.py checks it);
+reads a transformers model's weights into them. It must give transformers' logits for the same
+weights and dtype (tests/test_lean.py checks it);
 architectures it does not know run on the transformers backend instead (`make_backend`).
 """
 
@@ -31,8 +32,7 @@ import torch
 
 from ..config import BACKENDS
 from ..errors import SpecdecError
-from ..modeling import KERNEL_ROWS, Arch, Decoder, LayerWeights, RopeTable, rotary_module_angles
-from ..modeling import kernels
+from ..modeling import KERNEL_ROWS, Arch, Decoder, LayerWeights, RopeTable, kernels, rotary_module_angles
 from ..modeling.packing import can_pack, pack, packed_linear
 from .base import Backend
 

@@ -1,5 +1,4 @@
-"""Peers measured in the same run: transformers' own generate() (plain, prompt lookup, assisted),
-and llama.cpp through llama-cpp-python when it happens to be installed (never required)."""
+"""Peers measured in the same run: transformers' own generate() (plain, prompt lookup, assisted)."""
 
 from __future__ import annotations
 
@@ -32,10 +31,3 @@ def hf_generate(model, prompt_ids: list[int], sampling: SamplingParams, max_new_
     seconds = time.perf_counter() - start
     return out[0, len(prompt_ids):].tolist(), seconds
 
-
-def llama_cpp_available() -> bool:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True

@@ -13,15 +13,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from .. import theory
 from ..backends import make_backend
 from ..config import SamplingParams, SpecConfig
 from ..drafters import build_drafter, parse_drafter
 from ..engine import SpeculativeEngine
 from ..models import load_model
-from .peers import hf_generate
 from ..prompts import TASKS, Prompt, load_prompts_file, task_prompts
+from .peers import hf_generate
 
 
 @dataclass
@@ -89,7 +88,8 @@ def run_bench(config: BenchConfig, progress=None) -> list[dict]:
             order = list(methods)
             random.Random(f"{config.seed}:{p_index}:{temperature}").shuffle(order)
             for name, key, gamma in order:
-                runs.append(_run_one(name, key, gamma, prompt, p_index, ids, sampling, config, plain_engine, engines, target, eos))
+                runs.append(_run_one(name, key, gamma, prompt, p_index, ids, sampling, config, plain_engine, engines,
+                                     target, eos))
                 if progress:
                     progress(len(runs), total, f"{prompt.task} T={temperature} {name} γ={gamma}")
     return aggregate(runs, config)

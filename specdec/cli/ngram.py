@@ -46,7 +46,8 @@ def fit_table(args: argparse.Namespace) -> int:
         from ..prompts import task_prompts
 
         sd = SpecDec(target=args.target, drafter="none", dtype=args.dtype)
-        prompts = [p for task in ("chat", "summarise", "code", "translate") for p in task_prompts(task, args.from_target, args.seed + 1)]
+        prompts = [p for task in ("chat", "summarise", "code", "translate")
+                   for p in task_prompts(task, args.from_target, args.seed + 1)]
         for prompt in tqdm(prompts, desc="sampling the target", file=sys.stderr):
             out = sd.generate(prompt.text, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               seed=args.seed, gamma=0)

@@ -17,7 +17,6 @@ from .options import add_dtype, add_target
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
 
     from ..drafters.nets import KINDS
     from ..drafters.trained import is_trained_drafter, save_drafter

@@ -60,7 +60,8 @@ def register(sub) -> None:
     add_sampling_args(verify)
     verify.set_defaults(temperature=1.0, max_new_tokens=Settings().parity_tokens)
     verify.add_argument("--samples", type=int, default=None,
-                        help=f"speculative continuations per prompt (default: {Settings().samples}; --quick {Settings.quick().samples})")
+                        help=f"speculative continuations per prompt (default: {Settings().samples}; "
+                             f"--quick {Settings.quick().samples})")
     verify.add_argument("--plain-samples", type=int, default=None,
                         help="plain continuations per prompt for a k-token test against plain decoding (default: "
                              f"{Settings().plain_samples}: the PIT of long runs tests the later tokens instead)")

@@ -24,7 +24,7 @@ class Proposal:
     (and on the greedy path, where only the tokens matter)."""
 
     @staticmethod
-    def empty() -> "Proposal":
+    def empty() -> Proposal:
         return Proposal(tokens=torch.zeros(0, dtype=torch.long))
 
 
@@ -33,11 +33,14 @@ class Drafter(ABC):
     """Short name for stats and tables, e.g. "prompt-lookup"."""
     cost_prior: float = 0.0
     """A first guess of c (time of one draft token / one target step) before any is measured."""
+    reads_features: bool = False
+    """Whether it reads the target's last-layer features (eagle, medusa): the engine then has the
+    target record them for the generations this drafter serves, and only for those."""
 
     def bind(self, target) -> None:
         """The engine's target Backend; drafters that read its features (eagle, medusa) keep it."""
 
-    def for_sampling(self, sampling: SamplingParams) -> "Drafter":
+    def for_sampling(self, sampling: SamplingParams) -> Drafter:
         """The drafter that serves a generation with these sampling settings: itself, unless it
         routes (routed.ByTemperature picks one of its own per generation)."""
         return self

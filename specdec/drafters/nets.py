@@ -60,7 +60,7 @@ class DraftConfig:
         return asdict(self)
 
     @staticmethod
-    def from_dict(data: dict) -> "DraftConfig":
+    def from_dict(data: dict) -> DraftConfig:
         known = {k: v for k, v in data.items() if k in DraftConfig.__dataclass_fields__}
         return DraftConfig(**known)
 
@@ -139,16 +139,16 @@ class DraftNet(nn.Module):
         e = self.embed[tokens]
         return e * self.config.embed_scale if self.config.embed_scale != 1.0 else e
 
-    def pack(self) -> "DraftNet":
+    def pack(self) -> DraftNet:
         """Pre-pack every bfloat16 weight for oneDNN (drafting on CPU; not for training or saving)."""
-        for name, module in list(self.named_modules()):
+        for module in list(self.modules()):
             for child_name, child in list(module.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(module, child_name, PackedLinear(child.weight, child.bias))
         self.packed_head = pack(self.head)
         return self
 
-    def use_kernels(self, kern) -> "DraftNet":
+    def use_kernels(self, kern) -> DraftNet:
         """Draft (bf16, one sequence, a few positions) on kernels.cpp, as the target does: the same
         arithmetic up to the order of fp32 sums and rounding points."""
         self.kernels = kern

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ class NGramTable:
         self.source = source
 
     @classmethod
-    def fit(cls, sequences: Iterable[Iterable[int]], n: int = 2, tokenizer_id: str = "", source: str = "") -> "NGramTable":
+    def fit(cls, sequences: Iterable[Iterable[int]], n: int = 2, tokenizer_id: str = "", source: str = "") -> NGramTable:
         """Count successors of every context of length 1..n-1 in the given token id sequences."""
         if n < 2:
             raise SpecdecError(f"an n-gram drafter needs n >= 2, got {n}")
@@ -72,7 +72,7 @@ class NGramTable:
             np.savez_compressed(f, **arrays)
 
     @classmethod
-    def load(cls, path: str | Path) -> "NGramTable":
+    def load(cls, path: str | Path) -> NGramTable:
         try:
             data = np.load(path, allow_pickle=False)
             header = json.loads(bytes(data["header"]).decode())

@@ -6,9 +6,10 @@ embedding and LM-head rows are taken from the target at load time). Loading chec
 and refuses a drafter made for another target.
 
 - draft-lm drafts like any draft model (ModelDrafter over a Backend with its own KV cache);
-- eagle and medusa read the target's features, so they `bind` to the target backend and turn on its
-  feature recording. After a round the target holds positions 0..L-2 of a context of length L (its
-  newest token x_{L-1} is scored next round), so features f_0..f_{L-2} are known:
+- eagle and medusa read the target's features (`reads_features`): they `bind` to the target
+  backend, and the engine has it record features for the generations they serve. After a round the
+  target holds positions 0..L-2 of a context of length L (its newest token x_{L-1} is scored next
+  round), so features f_0..f_{L-2} are known:
   eagle feeds the pairs (f_j, x_{j+1}) it has not seen, predicts f_{L-1}, reads d1 = x_L through
   the head, feeds (f̂_{L-1}, d1), and so on; its cache then drops the speculative pairs.
   medusa's head k reads f_{L-2} and proposes x_{L-1+k}, k = 1..K, independently.
@@ -193,6 +194,7 @@ class DraftLMBackend(Backend):
 
 class EagleDrafter(Drafter):
     cost_prior = 0.05
+    reads_features = True
 
     def __init__(self, net: DraftNet, label: str):
         self.net, self.name = net, f"eagle:{label}"
@@ -201,7 +203,6 @@ class EagleDrafter(Drafter):
 
     def bind(self, target: Backend) -> None:
         self.target = target
-        target.record_hidden = True
 
     def begin(self, prompt: torch.Tensor) -> None:
         self.cache = self.net.new_cache()
@@ -235,6 +236,7 @@ class EagleDrafter(Drafter):
 
 class MedusaDrafter(Drafter):
     cost_prior = 0.02
+    reads_features = True
 
     def __init__(self, net: DraftNet, label: str):
         self.net, self.name = net, f"medusa:{label}"
@@ -242,7 +244,6 @@ class MedusaDrafter(Drafter):
 
     def bind(self, target: Backend) -> None:
         self.target = target
-        target.record_hidden = True
 
     @torch.inference_mode()
     def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,

@@ -15,8 +15,8 @@ after) -> residual. It runs on two paths with the same rounding points as transf
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

@@ -6,7 +6,7 @@ and a swap of halves; kernels.cpp reads the same tables.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -62,7 +62,8 @@ class RopeTable:
         for kind, (cos, sin) in self.angles(capacity).items():
             half = sin.shape[-1] // 2
             signed_sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
-            self.tables[kind] = (cos.to(device=self.device, dtype=self.dtype), signed_sin.to(device=self.device, dtype=self.dtype))
+            cast = dict(device=self.device, dtype=self.dtype)
+            self.tables[kind] = (cos.to(**cast), signed_sin.to(**cast))
         self.capacity = capacity
 
     def full(self, kind: str = "default") -> tuple[torch.Tensor, torch.Tensor]:

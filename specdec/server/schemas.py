@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..config import SEED_MAX, SEED_MIN
 
-
 UNSUPPORTED = {
     # field: (is it in use?, what to say)
     "logprobs": (lambda v: v not in (None, False, 0), "log probabilities are not returned by this server"),

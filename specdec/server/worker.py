@@ -16,8 +16,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..text import TextStream
 from ..config import SamplingParams, SpecConfig
+from ..text import TextStream
 
 
 @dataclass

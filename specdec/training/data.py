@@ -27,9 +27,9 @@ from pathlib import Path
 import torch
 
 from .. import corpus
-from ..prompts import CHAT_QUESTIONS
 from ..models import target_identity
 from ..paths import cache_dir
+from ..prompts import CHAT_QUESTIONS
 from .topics import open_questions
 
 
@@ -114,7 +114,7 @@ class DistillData:
         tmp.replace(path)
 
     @staticmethod
-    def load(path: Path) -> "DistillData":
+    def load(path: Path) -> DistillData:
         from safetensors.torch import load_file
 
         t = load_file(str(path))
@@ -122,7 +122,7 @@ class DistillData:
                            t["topk_ids"].long(), t["topk_probs"].float(), t["token_counts"])
 
     @staticmethod
-    def concat(parts: list["DistillData"]) -> "DistillData":
+    def concat(parts: list[DistillData]) -> DistillData:
         """Several data sets as one (the sequences of each in order)."""
         if len(parts) == 1:
             return parts[0]

@@ -2,8 +2,9 @@
 
 The machine's text (man pages, gettext messages, the standard library) yields technical prompts;
 open chat needs everyday questions too. The topics of the benchmark's chat prompts
-(`specdec.prompts.CHAT_QUESTIONS`) are left out, so those stay unseen by this data. They are built from short topic lists and question
-templates that fit each list, seeded, so several thousand distinct prompts come from a page of text.
+(`specdec.prompts.CHAT_QUESTIONS`) are left out, so those stay unseen by this data. They are built
+from short topic lists and question templates that fit each list, seeded, so several thousand
+distinct prompts come from a page of text.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ MECHANISMS = [
 
 CONCEPTS = [
     "supply and demand", "democracy", "the scientific method", "evolution",
-    "gravity", "energy conservation", "entropy", "probability", "statistics", 
+    "gravity", "energy conservation", "entropy", "probability", "statistics",
     "object-oriented programming", "version control", "machine learning", "a neural network", "an algorithm",
     "big O notation", "an operating system", "a file system", "a virtual machine", "cloud computing",
     "open-source software", "climate change", "biodiversity", "the carbon cycle", "plate tectonics",
