@@ -21,7 +21,8 @@ def run(args: argparse.Namespace) -> int:
     sd = SpecDec(target=args.target, drafter=args.drafter, dtype=args.dtype, device=args.device, backend=args.backend)
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, chat=args.chat)
-    if args.compare:  # one short warm-up so neither run pays for first-call set-up
+    if args.compare:  # short warm-ups of both kinds of pass, so neither run pays for first-call set-up
+        sd.generate(prompt, **{**kwargs, "max_new_tokens": 8}, gamma=args.gamma)
         sd.generate(prompt, **{**kwargs, "max_new_tokens": 4}, gamma=0)
     prompt_ids, run = sd.start(prompt, gamma=args.gamma, **kwargs)
     text = TextStream(sd.tokenizer)
