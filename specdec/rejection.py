@@ -103,3 +103,101 @@ def verify_greedy(target_argmax: torch.Tensor, draft: torch.Tensor) -> Verdict:
     mismatch = (target_argmax[:k] != draft).nonzero()
     n = int(mismatch[0]) if mismatch.numel() else k
     return Verdict(accepted=n, token=int(target_argmax[n]))
+
+
+# -- token trees ---------------------------------------------------------------------------------
+#
+# A tree proposal: tokens (n,), parents (n,) (-1 = the root, the context's last token; a parent
+# comes before its children), and q (n, V): the distribution node i was drawn from, one-hot for a
+# deterministic node (a top-k expansion, a prompt-lookup continuation). The target scores root and
+# nodes in one pass: p (n + 1, V), row 0 the root, row 1 + i node i (specdec.modeling.tree).
+#
+# Sampled verification (SpecInfer's multi-step speculative sampling, Miao et al. 2024): start at
+# the root with p' = p[root]; try the node's children in order: child c (token x, drawn from q_c
+# independently of the other children) is accepted with probability min(1, p'(x)/q_c(x)); if it
+# is rejected, p' <- norm(max(0, p' - q_c)) and the next child is tried. An accepted child becomes
+# the node (p' = p[child]) and its children are tried in turn; when a node's children are all
+# rejected, or it has none, the target's token is drawn from p'.
+#
+# Why the token emitted at a node follows p: the first child is the chain's rule, so the emitted
+# token is x with probability min(p', q_1)(x) through acceptance and, on rejection (probability
+# 1 - Σ min(p', q_1)), follows norm(max(0, p' - q_1)); a rejected first child leaves exactly the
+# law "residual" to be produced, and the second child, drawn independently of the first, is the
+# chain's rule against that residual; by induction over the children the token follows p' = p. A
+# point mass q = δ_x accepts with probability p'(x) and the residual is p' without x,
+# renormalised. Children of one node may repeat a token: once x is rejected the residual has
+# p'(x) < q(x) there, so max(0, p' - q)(x) = 0 and a repeat is rejected surely, which wastes it but
+# keeps the law. Depth by depth (p[child] is the target's law after the accepted path), the whole
+# emitted sequence follows the target.
+
+
+def children_of(parents: torch.Tensor) -> dict[int, list[int]]:
+    """Node index (-1 = the root) -> its children's indices, in order."""
+    out: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents.tolist()):
+        out.setdefault(parent, []).append(i)
+    return out
+
+
+@dataclass
+class TreeVerdict:
+    """What one tree round decided."""
+
+    path: list[int]
+    """Indices of the accepted nodes, root to leaf (their tokens are emitted in this order)."""
+    token: int
+    """The target's own token after the path (recovered or bonus)."""
+    tested: list[float] | None = None
+    """The acceptance probability of every child tried, in order (None on the greedy path)."""
+
+    @property
+    def accepted(self) -> int:
+        return len(self.path)
+
+
+def walk_tree(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
+              uniforms: torch.Tensor) -> tuple[list[int], torch.Tensor, list[tuple[int, float]]]:
+    """The deterministic core of `verify_tree`: one uniform per node (read only if the node is
+    tried; node c is accepted when uniforms[c] < its acceptance probability). Returns the accepted
+    path, the distribution the target's token is drawn from, and (node, acceptance probability)
+    of every child tried, in order."""
+    children = children_of(parents)
+    node, dist, path, tested = -1, p[0], [], []
+    while True:
+        accepted = None
+        for child in children.get(node, ()):
+            a = float(acceptance_probability(dist[None], q[child][None], tokens[child : child + 1])[0])
+            tested.append((child, a))
+            if float(uniforms[child]) < a:
+                accepted = child
+                break
+            dist = residual(dist, q[child])
+        if accepted is None:
+            return path, dist, tested
+        path.append(accepted)
+        node, dist = accepted, p[1 + accepted]
+
+
+def verify_tree(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.Tensor, parents: torch.Tensor,
+                generator: torch.Generator) -> TreeVerdict:
+    """Accept a root path of the tree and emit one token, exactly from p (see above). p: (n + 1, V);
+    q: (n, V), or None when every node is deterministic; tokens, parents: (n,)."""
+    if q is None:
+        q = point_mass(tokens, p.shape[-1])
+    path, dist, tested = walk_tree(p, q, tokens, parents, torch.rand(tokens.numel(), generator=generator))
+    return TreeVerdict(path=path, token=sample(dist, generator), tested=[a for _, a in tested])
+
+
+def verify_tree_greedy(target_choice: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> TreeVerdict:
+    """Follow the root path whose every node is the target's choice at its parent (the argmax at
+    temperature 0, or the drafter-invariant draw), then emit the target's choice there.
+    target_choice: (n + 1,) the target's token at each row (root first)."""
+    children = children_of(parents)
+    node, path = -1, []
+    while True:
+        choice = int(target_choice[1 + node])
+        match = next((c for c in children.get(node, ()) if int(tokens[c]) == choice), None)
+        if match is None:
+            return TreeVerdict(path=path, token=choice)
+        path.append(match)
+        node = match

@@ -1,0 +1,164 @@
+"""Token trees: the law a tree round emits equals the target's, computed exactly (every child
+draw, every accept/reject outcome) on small vocabularies, for sampled and deterministic children,
+one level and two; each planted bug breaks it; the greedy walk; the tree's mask and depths."""
+
+import itertools
+from collections import Counter, defaultdict
+
+import pytest
+import torch
+
+import specdec.rejection
+from specdec.modeling.tree import ancestor_mask, chain, check_parents, depths
+from specdec.rejection import point_mass, verify_tree, verify_tree_greedy, walk_tree
+
+V = 4
+
+
+def dist(seed: int, sharp: float = 1.5) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(V, generator=g, dtype=torch.float64) * sharp, -1)
+
+
+def round_law(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> dict:
+    """Exact law of (accepted tokens..., target token) of one round, over the walk's uniforms: each
+    tried node's uniform is 0 (accepted iff its probability a > 0) with weight a, or 1 (rejected)
+    with weight 1 - a; untried nodes split their weight evenly over both."""
+    law = defaultdict(float)
+    n = tokens.numel()
+    for pattern in itertools.product((0.0, 1.0), repeat=n):
+        path, residual, tried = walk_tree(p, q, tokens, parents, torch.tensor(pattern))
+        weight = 0.5 ** (n - len(tried))
+        for node, a in tried:
+            weight *= a if pattern[node] == 0.0 else 1.0 - a
+        prefix = tuple(int(tokens[i]) for i in path)
+        for t in range(V):
+            law[prefix + (t,)] += weight * float(residual[t])
+    return law
+
+
+def two_token_law(round_laws, p1, p2) -> torch.Tensor:
+    """(V, V) law of the first two emitted tokens, from weighted round laws; a round that emits one
+    token is followed by the target's own next-token law (the next round)."""
+    out = torch.zeros(V, V, dtype=torch.float64)
+    for weight, law in round_laws:
+        for seq, mass in law.items():
+            if len(seq) >= 2:
+                out[seq[0], seq[1]] += weight * mass
+            else:
+                out[seq[0]] += weight * mass * p2[seq[0]]
+    return out
+
+
+P1 = dist(0)
+P2 = torch.stack([dist(10 + x) for x in range(V)])  # p(x2 | x1)
+Q1 = dist(1, sharp=0.8)
+Q2 = torch.stack([dist(20 + x, sharp=0.8) for x in range(V)])
+
+
+def one_level_laws(kinds: str):
+    """Round laws of a one-level tree whose children are sampled from Q1 ('s') or fixed tokens
+    ('d': the likeliest under Q1 first), over every draw of the sampled ones."""
+    fixed = iter(Q1.argsort(descending=True).tolist())
+    choices = [range(V) if k == "s" else [next(fixed)] for k in kinds]
+    parents = torch.full((len(kinds),), -1)
+    for draw in itertools.product(*choices):
+        weight = 1.0
+        q = torch.zeros(len(kinds), V, dtype=torch.float64)
+        for i, (kind, token) in enumerate(zip(kinds, draw)):
+            if kind == "s":
+                weight *= float(Q1[token])
+                q[i] = Q1
+            else:
+                q[i] = point_mass(torch.tensor([token]), V)[0].double()
+        p = torch.cat([P1[None], P2[list(draw)]])
+        yield weight, round_law(p, q, torch.tensor(draw), parents)
+
+
+@pytest.mark.parametrize("kinds", ["s", "ss", "sss", "d", "dd", "ddd", "sd", "ds"])
+def test_one_level_emits_the_target_law_exactly(kinds):
+    law = two_token_law(list(one_level_laws(kinds)), P1, P2)
+    expected = P1[:, None] * P2
+    assert torch.allclose(law, expected, atol=1e-9), (law - expected).abs().max()
+
+
+def depth_two_laws(kind_top: str, kind_below: str):
+    """Two root children (sampled from Q1, or the top two of Q1), each with one child (sampled from
+    Q2[parent], or its top one)."""
+    top_choices = [range(V)] * 2 if kind_top == "s" else [[t] for t in Q1.argsort(descending=True)[:2].tolist()]
+    parents = torch.tensor([-1, -1, 0, 1])
+    for top in itertools.product(*top_choices):
+        below_choices = [range(V) if kind_below == "s" else [int(Q2[x].argmax())] for x in top]
+        for below in itertools.product(*below_choices):
+            tokens = torch.tensor(list(top) + list(below))
+            q = torch.zeros(4, V, dtype=torch.float64)
+            weight = 1.0
+            for i, token in enumerate(tokens.tolist()):
+                parent_dist = Q1 if i < 2 else Q2[tokens[int(parents[i])]]
+                sampled = (kind_top if i < 2 else kind_below) == "s"
+                q[i] = parent_dist if sampled else point_mass(torch.tensor([token]), V)[0].double()
+                weight *= float(parent_dist[token]) if sampled else 1.0
+            # rows: root, then each node's next-token law (depth-2 nodes: any law; only two tokens are checked)
+            p = torch.cat([P1[None], P2[tokens[:2]], torch.stack([dist(99)] * 2)])
+            yield weight, round_law(p, q, tokens, parents)
+
+
+@pytest.mark.parametrize("kind_top,kind_below", [("s", "s"), ("d", "d"), ("s", "d"), ("d", "s")])
+def test_a_depth_two_tree_emits_the_target_law_exactly(kind_top, kind_below):
+    law = two_token_law(list(depth_two_laws(kind_top, kind_below)), P1, P2)
+    assert torch.allclose(law, P1[:, None] * P2, atol=1e-9), (law - P1[:, None] * P2).abs().max()
+
+
+def _no_residual(p, q):
+    return p
+
+
+def _unnormalised_residual(p, q):
+    return (p - q).clamp_min(0.0)
+
+
+@pytest.mark.parametrize("bug", [_no_residual, _unnormalised_residual])
+def test_each_planted_bug_breaks_the_law(monkeypatch, bug):
+    """The negative control: the same enumeration catches a walk that forgets to update p' after a
+    rejected child, or does not renormalise it."""
+    monkeypatch.setattr(specdec.rejection, "residual", bug)
+    law = two_token_law(list(one_level_laws("sd")), P1, P2)
+    assert (law - P1[:, None] * P2).abs().max() > 1e-3
+
+
+def test_verify_tree_samples_the_law():
+    """verify_tree draws its uniforms and the final token from the generator: by Monte Carlo, the
+    first token of a one-level tree of two sampled children follows p (χ², 8000 rounds)."""
+    from specdec.exactness import goodness_of_fit
+
+    g = torch.Generator().manual_seed(0)
+    counts = Counter()
+    p = torch.cat([P1[None].float(), P2.float()])  # rows for root and for the four possible child tokens
+    for _ in range(8000):
+        draw = torch.multinomial(Q1.float(), 2, replacement=True, generator=g)
+        q = torch.stack([Q1.float(), Q1.float()])
+        rows = torch.cat([p[:1], p[1 + draw]])
+        verdict = verify_tree(rows, q, draw, torch.tensor([-1, -1]), g)
+        first = int(draw[verdict.path[0]]) if verdict.path else verdict.token
+        counts[first] += 1
+    assert goodness_of_fit("first token", counts, dict(enumerate(P1.tolist()))).p_value > 1e-3
+
+
+def test_greedy_walk_follows_the_target_choice():
+    tokens = torch.tensor([3, 1, 2, 0, 2])
+    parents = torch.tensor([-1, -1, 1, 1, 2])
+    choice = torch.tensor([1, 9, 0, 2, 0, 3])  # rows: root, nodes 0..4
+    verdict = verify_tree_greedy(choice, tokens, parents)
+    assert verdict.path == [1, 3] and verdict.token == 0  # root -> node 1 (token 1) -> node 3 (token 0), a leaf
+    assert verify_tree_greedy(torch.tensor([2, 0, 0, 0, 0, 0]), tokens, parents).path == []
+
+
+def test_mask_depths_and_parents():
+    parents = torch.tensor([-1, -1, 0, 0, 2])
+    assert depths(parents).tolist() == [1, 1, 2, 2, 3]
+    mask = ancestor_mask(parents)
+    assert mask[5].tolist() == [True, True, False, True, False, True]  # root, node 0, node 2, itself
+    assert mask[2].tolist() == [True, False, True, False, False, False]
+    assert ancestor_mask(chain(3)).tolist() == torch.ones(4, 4, dtype=torch.bool).tril().tolist()
+    with pytest.raises(ValueError, match="parent before it"):
+        check_parents(torch.tensor([0, -1]))
