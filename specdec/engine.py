@@ -25,7 +25,8 @@ from .drafters.base import Drafter, Proposal
 from .errors import SpecdecError
 from .gamma import GammaPolicy
 from .metrics import GenerationStats
-from .rejection import verify, verify_greedy
+from .modeling.tree import depths
+from .rejection import TreeVerdict, Verdict, verify, verify_greedy, verify_tree, verify_tree_greedy
 from .sampling import coupled_draw, new_generator, probs
 
 
@@ -106,6 +107,40 @@ class SpeculativeEngine:
         draws += [-1] * (p.shape[0] - len(draws))  # never read: verify_greedy stops at the first mismatch
         return torch.tensor(draws)
 
+    def _chain_round(self, proposal: Proposal, context: torch.Tensor, length: int, sampling: SamplingParams,
+                     generator: torch.Generator) -> tuple[torch.Tensor, Verdict]:
+        """Score context[length - 1] and the k drafts in one pass, verify, keep the accepted prefix."""
+        draft = proposal.tokens  # (k,)
+        logits = self.target.forward(torch.cat([context[length - 1 : length], draft]))  # (k+1, V)
+        if sampling.greedy:
+            verdict = verify_greedy(logits.argmax(dim=-1), draft)
+        elif sampling.drafter_invariant:  # the target's own draws at these positions decide
+            verdict = verify_greedy(self._coupled_draws(probs(logits, sampling), draft, sampling, length), draft)
+        else:
+            verdict = verify(probs(logits, sampling), proposal.q, draft, generator)
+        self.target.rollback(length + verdict.accepted)  # keeps the context and the accepted drafts
+        return draft, verdict
+
+    def _tree_round(self, proposal: Proposal, context: torch.Tensor, length: int, sampling: SamplingParams,
+                    generator: torch.Generator) -> tuple[torch.Tensor, TreeVerdict, bool]:
+        """Score context[length - 1] and the tree's nodes in one pass, walk it (rejection.py), keep
+        the accepted path's cache entries. Returns the path's tokens, the verdict, and whether the
+        walk stopped at a node with children."""
+        tokens, parents = proposal.tokens, proposal.parents
+        logits = self.target.forward_tree(torch.cat([context[length - 1 : length], tokens]), parents)  # (n+1, V)
+        if sampling.greedy:
+            verdict = verify_tree_greedy(logits.argmax(dim=-1), tokens, parents)
+        elif sampling.drafter_invariant:  # the target's own draw at each row's position decides
+            p = probs(logits, sampling)
+            row_depth = [0] + depths(parents).tolist()
+            draws = [coupled_draw(p[r], sampling.seed, length + row_depth[r]) for r in range(p.shape[0])]
+            verdict = verify_tree_greedy(torch.tensor(draws), tokens, parents)
+        else:
+            verdict = verify_tree(probs(logits, sampling), proposal.q, tokens, parents, generator)
+        self.target.keep_path(length - 1, verdict.path)
+        last = verdict.path[-1] if verdict.path else -1
+        return tokens[verdict.path], verdict, bool((parents == last).any())
+
     def emitted(self, draft: torch.Tensor, accepted: int, token: int, spec: SpecConfig) -> tuple[list[int], bool]:
         """The tokens a round adds to the output, and whether the generation ends: the accepted
         drafts and the target's token, cut after the first end-of-sequence token among them (an
@@ -156,26 +191,24 @@ class SpeculativeEngine:
             gamma = policy.next(remaining - 1) if drafter is not None else 0
             t0 = time.perf_counter()
             proposal = drafter.propose(context[:length], gamma, sampling, generator) if gamma else Proposal.empty()
+            if proposal.is_tree and not target.supports_trees:
+                proposal = proposal.first_chain()
             t1 = time.perf_counter()
-            draft = proposal.tokens  # (k,)
-            logits = target.forward(torch.cat([context[length - 1 : length], draft]))  # (k+1, V)
-            if sampling.greedy:
-                verdict = verify_greedy(logits.argmax(dim=-1), draft)
-            elif sampling.drafter_invariant:  # the target's own draws at these positions decide
-                verdict = verify_greedy(self._coupled_draws(probs(logits, sampling), draft, sampling, length), draft)
+            if proposal.is_tree:
+                draft, verdict, rejected = self._tree_round(proposal, context, length, sampling, generator)
             else:
-                verdict = verify(probs(logits, sampling), proposal.q, draft, generator)
+                (draft, verdict), rejected = self._chain_round(proposal, context, length, sampling, generator), None
             n = verdict.accepted
-            target.rollback(length + n)  # keeps the context and the n accepted drafts
             if drafter is not None:
                 drafter.feedback(length + n)
             t2 = time.perf_counter()
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
-            policy.observe(draft.numel(), n, t1 - t0, t2 - t1)
+            policy.observe(proposal.tokens.numel(), n, t1 - t0, t2 - t1)
 
             new, stop = self.emitted(draft, n, verdict.token, spec)
-            stats.record_round(draft.numel(), n, verdict.beta, emitted=len(new))
+            stats.record_round(proposal.tokens.numel(), n, getattr(verdict, "beta", None), emitted=len(new),
+                               rejected=rejected)
             context[length : length + len(new)] = torch.tensor(new)
             length += len(new)
             stats.new_tokens = length - prompt.numel()

@@ -26,6 +26,8 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     rejections: int = 0
+    tree_rounds: int = 0
+    """Rounds that verified a token tree (their `drafted` counts nodes, positions are depths)."""
     beta_sum: float = 0.0
     beta_sq_sum: float = 0.0
     """Σ β², so Σ β(1 - β), the variance of the accepted count given the βs, can be formed."""
@@ -45,10 +47,13 @@ class GenerationStats:
     decode_seconds: float = 0.0
     finish_reason: str = ""
 
-    def record_round(self, drafted: int, accepted: int, beta=None, emitted: int | None = None) -> None:
+    def record_round(self, drafted: int, accepted: int, beta=None, emitted: int | None = None,
+                     rejected: bool | None = None) -> None:
         """One round: `drafted` tokens proposed, the first `accepted` of them kept; `beta` is the
         verifier's (tested,) Σ min(p, q) per tested position, or None on the greedy path; `emitted`
-        the tokens the round added to the output (accepted + 1 unless an end-of-sequence cut it)."""
+        the tokens the round added to the output (accepted + 1 unless an end-of-sequence cut it).
+        For a token tree, `drafted` counts its nodes, `accepted` the depth of the accepted path and
+        `rejected` says whether the walk stopped at a node that had children (positions are depths)."""
         self.target_calls += 1
         self.rounds.append((drafted + 1, accepted, accepted + 1 if emitted is None else emitted))
         if drafted == 0:
@@ -56,12 +61,16 @@ class GenerationStats:
         self.rounds_with_draft += 1
         self.drafted += drafted
         self.accepted += accepted
-        self.rejections += accepted < drafted
+        if rejected is None:
+            rejected = accepted < drafted
+        else:
+            self.tree_rounds += 1
+        self.rejections += rejected
         if beta is not None:
             self.beta_sum += float(beta.sum())
             self.beta_sq_sum += float((beta * beta).sum())
             self.beta_count += beta.numel()
-        tested = min(accepted + 1, drafted)
+        tested = accepted + 1 if rejected else accepted
         while len(self.position_tested) < tested:
             self.position_tested.append(0)
             self.position_accepted.append(0)
@@ -128,8 +137,8 @@ class GenerationStats:
 
     @property
     def predicted_speedup(self) -> float | None:
-        """Theorem 3.8 at the measured alpha, mean gamma and c (the paper's cost model)."""
-        if self.alpha is None or self.c is None:
+        """Theorem 3.8 at the measured alpha, mean gamma and c (the paper's cost model, for chains)."""
+        if self.alpha is None or self.c is None or self.tree_rounds:
             return None
         return theory.walltime_improvement(self.alpha, round(self.mean_gamma), self.c)
 
@@ -157,7 +166,8 @@ class GenerationStats:
         ]
         if self.drafted:
             parts += [
-                f"drafted {self.drafted}, accepted {self.accepted}",
+                f"drafted {self.drafted}" + (f" in {self.tree_rounds} trees" if self.tree_rounds else "")
+                + f", accepted {self.accepted}",
                 f"alpha {fmt(self.alpha)}" + (f" (beta {fmt(self.beta)})" if self.beta is not None else ""),
                 f"tau {fmt(self.tau)}",
                 f"c {fmt(self.c, '.3f')}",

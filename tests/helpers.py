@@ -112,6 +112,20 @@ class TableLM(Backend):
             logits = logits + self.row_noise * torch.randn(logits.shape, generator=g)
         return logits
 
+    supports_trees = True
+
+    def _forward_tree(self, ids: torch.Tensor, layout, start: int) -> torch.Tensor:
+        """Row r reads the sequence so far, then the root and r's ancestors (its root path)."""
+        self.calls.append(ids.shape[0])
+        rows = []
+        for r in range(ids.shape[0]):
+            path = [int(ids[c]) for c in range(ids.shape[0]) if layout.mask[r, c]]
+            rows.append(self.table[self.index(self.held[:start] + path)])
+        return torch.stack(rows)
+
+    def _keep(self, start: int, slots: list[int]) -> None:
+        pass
+
     def _reset(self) -> None:
         pass
 

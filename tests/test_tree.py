@@ -162,3 +162,152 @@ def test_mask_depths_and_parents():
     assert ancestor_mask(chain(3)).tolist() == torch.ones(4, 4, dtype=torch.bool).tril().tolist()
     with pytest.raises(ValueError, match="parent before it"):
         check_parents(torch.tensor([0, -1]))
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gemma3"])
+def test_tree_pass_equals_each_path_run_as_a_chain(architecture):
+    """One lean pass over a tree gives, at every node, the logits of its root path run as a plain
+    sequence; keeping a path then continuing equals recomputing (past Gemma's sliding window)."""
+    from helpers import tiny_gemma3, tiny_llama
+    from specdec.backends import LeanBackend
+
+    model = tiny_llama(40, seed=0) if architecture == "llama" else tiny_gemma3(40, seed=0, sliding_window=8)
+    prefix = torch.randint(0, 40, (13,), generator=torch.Generator().manual_seed(1))
+    root, tokens = 7, torch.tensor([3, 5, 9, 11, 3, 2])
+    parents = torch.tensor([-1, -1, 0, 0, 3, 1])
+    backend = LeanBackend(model)
+    backend.prefill(prefix)
+    logits = backend.forward_tree(torch.cat([torch.tensor([root]), tokens]), parents)
+
+    def path_to(node: int) -> list[int]:
+        path = []
+        while node >= 0:
+            path.insert(0, node)
+            node = int(parents[node])
+        return path
+
+    reference = LeanBackend(model)
+    for row in range(tokens.numel() + 1):
+        sequence = torch.cat([prefix, torch.tensor([root]), tokens[path_to(row - 1)]])
+        reference.reset()
+        expected = reference.forward(sequence)[-1]
+        torch.testing.assert_close(logits[row], expected, atol=1e-5, rtol=1e-5)
+
+    backend.keep_path(prefix.numel(), path_to(4))  # root -> node 0 -> node 3 -> node 4
+    assert backend.held == prefix.tolist() + [root, 3, 11, 3]
+    following = torch.tensor([4, 8])
+    reference.reset()
+    expected = reference.forward(torch.cat([torch.tensor(backend.held), following]))[-2:]
+    torch.testing.assert_close(backend.forward(following), expected, atol=1e-5, rtol=1e-5)
+
+
+# -- the engine with tree drafters ---------------------------------------------------------------
+
+
+class TableTreeDrafter:
+    """A test drafter proposing a tree from a draft table LM: two root children drawn i.i.d. from q
+    (the top two at temperature 0), a deterministic third (q's likeliest token not yet proposed),
+    and under each sampled child one deterministic grandchild (q's likeliest after it)."""
+
+    name = "table-tree"
+    cost_prior = 0.0
+    reads_features = False
+
+    def __init__(self, lm):
+        self.lm = lm
+
+    def bind(self, target): ...
+    def begin(self, prompt): ...
+    def feedback(self, kept): ...
+
+    def for_sampling(self, sampling):
+        return self
+
+    def _q(self, sequence, sampling):
+        from specdec.sampling import probs
+
+        logits = self.lm.table[self.lm.index(sequence)][None]
+        return probs(logits, sampling if not sampling.greedy else type(sampling)(temperature=1.0))[0]
+
+    def propose(self, context, gamma, sampling, generator):
+        from specdec.drafters import Proposal
+
+        sequence = context.tolist()
+        q = self._q(sequence, sampling)
+        if sampling.greedy:
+            first = q.argsort(descending=True)[:2].tolist()
+        else:
+            first = torch.multinomial(q, 2, replacement=True, generator=generator).tolist()
+        third = next(int(t) for t in q.argsort(descending=True) if int(t) not in first)
+        tokens, parents, rows = list(first) + [third], [-1, -1, -1], [q, q, point_mass(torch.tensor([third]), q.numel())[0]]
+        if gamma >= 2:
+            for i, token in enumerate(first):
+                below = int(self._q(sequence + [token], sampling).argmax())
+                tokens.append(below)
+                parents.append(i)
+                rows.append(point_mass(torch.tensor([below]), q.numel())[0])
+        q_rows = None if sampling.greedy else torch.stack(rows)
+        return Proposal(torch.tensor(tokens), q_rows, parents=torch.tensor(parents))
+
+
+def _tree_conformance(sampling):
+    from helpers import TableLM
+    from specdec.conformance import Settings, run_conformance
+    from specdec.engine import SpeculativeEngine
+
+    backend = TableLM(8, order=2, seed=20, eos=7, eos_bias=-2.5)
+    drafter = TableTreeDrafter(TableLM(8, order=1, seed=21, scale=1.2, eos=7, eos_bias=-2.5))
+    plain = SpeculativeEngine(backend, None, eos_token_ids={7})
+    spec = SpeculativeEngine(backend, drafter, eos_token_ids={7})
+    return run_conformance("table", torch.float32, plain, spec, backend, [[0, 1, 2, 3, 4, 5, 6, 1, 2, 3]], sampling, 3,
+                           Settings(), seed=1, drafter_name=drafter.name)
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=1.0), dict(temperature=0.7, top_p=0.9)], ids=["T1", "T0.7-top-p0.9"])
+def test_specdec_verify_passes_a_tree_drafter(sampling):
+    from specdec.config import SamplingParams
+
+    report = _tree_conformance(SamplingParams(**sampling))
+    assert report.passed, report.to_text()
+
+
+def test_specdec_verify_fails_a_tree_walk_without_the_residual(monkeypatch):
+    """The negative control through the whole engine: rejected children leave p' unchanged."""
+    from specdec.config import SamplingParams
+
+    monkeypatch.setattr(specdec.rejection, "residual", _no_residual)
+    report = _tree_conformance(SamplingParams(temperature=1.0))
+    assert not report.passed, report.to_text()
+
+
+@pytest.mark.parametrize("architecture", ["llama", "gemma3"])
+def test_tree_drafters_keep_greedy_output(architecture):
+    """At temperature 0 the output is plain greedy decoding's, token for token, with trees scored
+    on the lean backend (past Gemma's sliding window) and by prompt lookup over every match."""
+    from helpers import TableLM, tiny_gemma3, tiny_llama
+    from specdec.backends import LeanBackend
+    from specdec.config import SamplingParams, SpecConfig
+    from specdec.drafters import PromptLookupTreeDrafter
+    from specdec.engine import SpeculativeEngine
+
+    model = tiny_llama(40, seed=0) if architecture == "llama" else tiny_gemma3(40, seed=0, sliding_window=8)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 6, 7, 1, 2, 3, 9, 1, 2]
+    greedy, spec = SamplingParams(), SpecConfig(gamma=3, max_new_tokens=40)
+    expected = SpeculativeEngine(LeanBackend(model)).generate(prompt, greedy, SpecConfig(gamma=0, max_new_tokens=40)).run()
+    for drafter in (PromptLookupTreeDrafter(max_ngram=2), TableTreeDrafter(TableLM(40, order=1, seed=3))):
+        run = SpeculativeEngine(LeanBackend(model), drafter).generate(prompt, greedy, spec).run()
+        assert run.tokens == expected.tokens, drafter.name
+        assert run.stats.tree_rounds > 0 and run.stats.drafted > 0, drafter.name
+
+
+def test_prompt_lookup_tree_merges_every_match():
+    from specdec.config import SamplingParams
+    from specdec.drafters import PromptLookupTreeDrafter
+
+    drafter = PromptLookupTreeDrafter(max_ngram=2)
+    proposal = drafter.propose(torch.tensor([5, 1, 2, 5, 1, 3, 5, 1, 2, 9, 5, 1]), 2, SamplingParams(), None)
+    assert proposal.tokens.tolist() == [2, 3, 9, 5, 5] and proposal.parents.tolist() == [-1, -1, 0, 1, 0]
+    single = drafter.propose(torch.tensor([4, 6, 7, 8, 4, 6]), 3, SamplingParams(), None)
+    assert single.tokens.tolist() == [7, 8, 4] and not single.is_tree  # one match: a chain
+    capped = PromptLookupTreeDrafter(max_ngram=2, max_nodes=2)
+    assert capped.propose(torch.tensor([5, 1, 2, 5, 1, 3, 5, 1, 2, 9, 5, 1]), 2, SamplingParams(), None).tokens.tolist() == [2, 3]

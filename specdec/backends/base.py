@@ -96,6 +96,41 @@ class Backend(ABC):
         self.held.extend(ids.tolist())
         return logits
 
+    supports_trees: bool = False
+    """Whether forward_tree works (a tree attention mask on this backend's path)."""
+
+    def forward_tree(self, ids: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+        """Append a token tree in one pass: ids (n + 1,) are the root (the next token of the
+        sequence) and n nodes whose parents (n,) index earlier nodes (-1 = the root). Row i of
+        the (n + 1, V) logits is the distribution after the root path ending at row i. Until
+        `keep_path`, the cache holds the rows in slot order."""
+        if not self.supports_trees:
+            raise NotImplementedError(f"the {self.path} backend scores chains only")
+        from ..modeling.tree import TreeLayout
+
+        start = self.length
+        logits = self._forward_tree(ids, TreeLayout.of(parents), start)
+        self.held.extend(ids.tolist())
+        return logits
+
+    def keep_path(self, root: int, path: list[int]) -> None:
+        """After forward_tree put its root at position `root`: keep the root and the nodes on
+        `path` (node indices, root to leaf) as positions root + 1, root + 2, ...; drop the rest."""
+        tokens = [self.held[root + 1 + i] for i in path]
+        slots = [root + 1 + i for i in path]
+        with torch.inference_mode():  # the caches are inference tensors
+            self._keep(root + 1, slots)
+            if self._record_hidden and self._hidden is not None and slots:
+                self._hidden[root + 1 : root + 1 + len(slots)] = self._hidden[torch.tensor(slots)]
+        del self.held[root + 1 :]
+        self.held.extend(tokens)
+
+    def _forward_tree(self, ids: torch.Tensor, layout, start: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _keep(self, start: int, slots: list[int]) -> None:
+        raise NotImplementedError
+
     def rollback(self, length: int) -> None:
         """Keep only the first `length` cached tokens."""
         if not 0 <= length <= self.length:

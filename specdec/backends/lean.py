@@ -122,12 +122,21 @@ class LeanBackend(Backend):
     def _rollback(self, length: int) -> None:
         self.cache.length = length  # rejected slots are overwritten next round
 
+    supports_trees = True
+    """Tree passes run on ATen (or oneDNN) whatever their size: the kernels attend causally."""
+
+    def _forward_tree(self, ids: torch.Tensor, layout, start: int) -> torch.Tensor:
+        return self._forward(ids, start, layout)
+
+    def _keep(self, start: int, slots: list[int]) -> None:
+        self.decoder.keep(self.cache, start, slots)
+
     @torch.inference_mode()
-    def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, start: int, tree=None) -> torch.Tensor:
         h = self.embed[ids.to(self.device)]  # (n, d)
         if self.embed_scale is not None:
             h = h * self.embed_scale
-        features = self.decoder.norm(self.decoder.run(h, start, self.cache), self.final_norm)
+        features = self.decoder.norm(self.decoder.run(h, start, self.cache, tree), self.final_norm)
         self._store_hidden(start, features)
         logits = self.decoder.project(features, self.lm_head).float()  # (n, V)
         if self.softcap:

@@ -9,14 +9,15 @@ from ..errors import SpecdecError
 from .base import Drafter, Proposal
 from .model import ModelDrafter
 from .ngram import NGramDrafter, NGramTable
-from .prompt_lookup import PromptLookupDrafter
+from .prompt_lookup import PromptLookupDrafter, PromptLookupTreeDrafter
 from .routed import ByTemperature
 from .trained import is_trained_drafter, load_trained_drafter
 
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "drafters"
 
 __all__ = ["Drafter", "Proposal", "ByTemperature", "ModelDrafter", "NGramDrafter", "NGramTable", "PromptLookupDrafter",
-           "DRAFTER_KINDS", "DRAFTER_SYNTAX", "build_drafter", "check_same_tokenizer", "parse_drafter", "shipped_drafter"]
+           "PromptLookupTreeDrafter", "DRAFTER_KINDS", "DRAFTER_SYNTAX", "build_drafter", "check_same_tokenizer",
+           "parse_drafter", "shipped_drafter"]
 
 
 def shipped_drafter(target_name: str) -> Path | None:
@@ -63,6 +64,8 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
         return ByTemperature(PromptLookupDrafter(), load_trained_drafter(shipped, target))
     if kind == "prompt-lookup":
         return PromptLookupDrafter()
+    if kind == "prompt-lookup-tree":
+        return PromptLookupTreeDrafter()
     if kind == "ngram":
         shipped = Path(__file__).parent.parent / "data" / f"{target.name}.bigram.npz"
         if not draft and shipped.is_file():

@@ -22,6 +22,27 @@ class Proposal:
     q: torch.Tensor | None = None
     """(k, V) the warped distributions the tokens were drawn from; None for a point-mass drafter
     (and on the greedy path, where only the tokens matter)."""
+    parents: torch.Tensor | None = None
+    """(k,) for a token tree: each token's parent (-1 = the context's last token; parents come
+    first). None for a chain, where token i follows token i - 1. Children of one node are tried in
+    order (specdec.rejection, token trees), so the likeliest should come first."""
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    def first_chain(self) -> Proposal:
+        """The chain that follows every node's first child: what a backend without tree passes
+        verifies of a tree."""
+        if self.parents is None:
+            return self
+        path, node = [], -1
+        for i, parent in enumerate(self.parents.tolist()):
+            if parent == node:
+                path.append(i)
+                node = i
+        index = torch.tensor(path, dtype=torch.long)
+        return Proposal(self.tokens[index], None if self.q is None else self.q[index])
 
     @staticmethod
     def empty() -> Proposal:

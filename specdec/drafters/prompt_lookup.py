@@ -37,3 +37,53 @@ class PromptLookupDrafter(Drafter):
                 start = int(hits[-1]) + n  # the most recent occurrence's continuation
                 return Proposal(tokens=context[start : start + gamma].clone())
         return Proposal.empty()
+
+
+class PromptLookupTreeDrafter(PromptLookupDrafter):
+    """Prompt lookup with every match: the continuations of all earlier occurrences of the final
+    n-gram (the most recent `max_matches`) merged into a tree, up to `max_nodes` nodes. A path
+    followed by more occurrences comes first among its siblings (then the more recent one); a
+    single continuation is proposed as a chain.
+
+    Worked example, gamma=2, context [5, 1, 2, 5, 1, 3, 5, 1, 2, 9, 5, 1]: the final bigram [5, 1]
+    occurred at 0, 3 and 6, followed by [2, 5], [3, 5] and [2, 9]; the tree is 2 (twice) with
+    children 9 (the more recent) and 5, then 3 with child 5."""
+
+    name = "prompt-lookup-tree"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, max_nodes: int = 12, max_matches: int = 32):
+        super().__init__(max_ngram, min_ngram)
+        if max_nodes < 1 or max_matches < 1:
+            raise ValueError(f"max_nodes and max_matches must be >= 1, got {max_nodes}, {max_matches}")
+        self.max_nodes, self.max_matches = max_nodes, max_matches
+
+    def propose(
+        self, context: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator
+    ) -> Proposal:
+        length = context.shape[0]
+        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
+            hits = (context[:-1].unfold(0, n, 1) == context[-n:]).all(dim=1).nonzero().flatten()
+            if hits.numel():
+                break
+        else:
+            return Proposal.empty()
+        support: dict[tuple[int, ...], list[int]] = {}  # path -> [occurrences through it, recency rank]
+        for rank, hit in enumerate(reversed(hits[-self.max_matches :].tolist())):
+            continuation = context[hit + n : hit + n + gamma].tolist()
+            for depth in range(1, len(continuation) + 1):
+                support.setdefault(tuple(continuation[:depth]), [0, rank])[0] += 1
+        priority = sorted(support, key=lambda path: (-support[path][0], len(path), support[path][1]))
+        chosen: set[tuple[int, ...]] = set()
+        for path in priority:  # a parent has at least its child's support, so it is met first
+            if len(path) == 1 or path[:-1] in chosen:
+                chosen.add(path)
+                if len(chosen) == self.max_nodes:
+                    break
+        rank = {path: i for i, path in enumerate(priority)}
+        nodes = sorted(chosen, key=lambda path: (len(path), rank[path]))  # parents first, siblings by priority
+        index = {path: i for i, path in enumerate(nodes)}
+        tokens = torch.tensor([path[-1] for path in nodes], dtype=torch.long)
+        parents = torch.tensor([index[path[:-1]] if len(path) > 1 else -1 for path in nodes], dtype=torch.long)
+        if bool((parents == torch.arange(-1, len(nodes) - 1)).all()):
+            return Proposal(tokens)  # one continuation: a chain (which runs on the fast path)
+        return Proposal(tokens, parents=parents)

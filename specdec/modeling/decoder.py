@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from .cache import KVCache
 from .rope import RopeTable, rotate
+from .tree import TreeLayout
 
 KERNEL_ROWS = 16
 """Steps of up to this many positions run on kernels.cpp (decode and verification); longer ones
@@ -140,40 +141,49 @@ class Decoder:
         """Whether h (T, d) or (1, T, d) takes the kernels."""
         return (self.kernels is not None and h.dtype == torch.bfloat16 and h.numel() <= KERNEL_ROWS * h.shape[-1])
 
-    def run(self, h: torch.Tensor, start: int, cache: KVCache) -> torch.Tensor:
+    def run(self, h: torch.Tensor, start: int, cache: KVCache, tree: TreeLayout | None = None) -> torch.Tensor:
         """h (T, d) at positions start..start+T-1 through every layer; writes their keys and values
-        into the cache and sets its length to start + T."""
+        into cache slots start..start+T-1 and sets its length to start + T. With a tree, row i sits
+        at position start + depth and sees the cache before `start` and its own ancestors (ATen)."""
         end = start + h.shape[0]
         cache.ensure(end)
         self.rope.ensure(end)
-        if self.on_kernels(h):
+        if tree is None and self.on_kernels(h):
             h = h.contiguous()
             for i, layer in enumerate(self.layers):
                 h = layer_kernels(self.kernels, h, layer, self.arch, self.rope, cache, i, start)
         else:
+            positions = torch.arange(start, end) if tree is None else start + tree.depth
             masks: dict = {}
             x = h[None]
             for i, layer in enumerate(self.layers):
-                cos, sin = self.rope.span(layer.rope, start, end)
+                if tree is None:
+                    cos, sin = self.rope.span(layer.rope, start, end)
+                else:
+                    cos, sin = (table[positions.to(table.device)] for table in self.rope.full(layer.rope))
                 x = layer_aten(x, layer, self.arch, cos, sin, self.linear,
-                               self._cached_attend(cache, i, start, end, layer.window, masks))
+                               self._cached_attend(cache, i, start, end, layer.window, masks, positions, tree))
             h = x[0]
         cache.length = end
         return h
 
-    def _cached_attend(self, cache: KVCache, index: int, start: int, end: int, window: int | None,
-                       masks: dict) -> Attend:
-        """Write the new keys and values at start..end-1, then attend to the cache's positions the
-        window lets each query see. The mask is built once per window size and pass."""
+    def _cached_attend(self, cache: KVCache, index: int, start: int, end: int, window: int | None, masks: dict,
+                       positions: torch.Tensor, tree: TreeLayout | None) -> Attend:
+        """Write the new keys and values at slots start..end-1, then attend to the cache slots each
+        query may see: earlier positions within the window, and (in a tree) its ancestors. The mask
+        is built once per window size and pass."""
         lo = 0 if window is None else max(0, start - window + 1)
         if window not in masks:
             n = end - start
-            if n == 1 and (window is None or end - lo <= window):
+            if tree is None and n == 1 and (window is None or end - lo <= window):
                 masks[window] = None
             else:
-                q_pos = torch.arange(start, end, device=cache.device)[:, None]
-                k_pos = torch.arange(lo, end, device=cache.device)[None]
-                allowed = k_pos <= q_pos
+                q_pos = positions.to(cache.device)[:, None]  # (n, 1)
+                k_pos = torch.cat([torch.arange(lo, start, device=cache.device), positions.to(cache.device)])[None]
+                if tree is None:
+                    allowed = k_pos <= q_pos
+                else:  # the context before the root, then the tree's own rows as the layout allows
+                    allowed = torch.cat([torch.ones(n, start - lo, dtype=torch.bool), tree.mask], dim=1).to(cache.device)
                 if window is not None:
                     allowed &= k_pos > q_pos - window
                 masks[window] = allowed  # (n, end - lo)
@@ -185,6 +195,16 @@ class Decoder:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[window], scale=self.arch.scale,
                                                   enable_gqa=self.arch.n_kv != self.arch.n_heads)
         return attend
+
+    def keep(self, cache: KVCache, start: int, slots: list[int]) -> None:
+        """Move the keys and values in `slots` (in order) to slots start.., e.g. a tree's accepted
+        path; the cache's length becomes start + len(slots)."""
+        if slots and slots != list(range(start, start + len(slots))):
+            source = torch.tensor(slots, device=cache.device)
+            for store in (cache.k, cache.v):
+                for layer in store:
+                    layer[:, start : start + len(slots)] = layer[:, source]
+        cache.length = start + len(slots)
 
     def norm(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """A final RMSNorm of h (T, d) or (B, T, d), on the kernels where the step runs on them."""

@@ -11,6 +11,8 @@ context length + depth.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -46,3 +48,17 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
 def chain(k: int) -> torch.Tensor:
     """The parents of a chain of k drafts."""
     return torch.arange(-1, k - 1)
+
+
+@dataclass(frozen=True)
+class TreeLayout:
+    """What a forward pass over [root, nodes] needs: each row's depth (0 for the root; its
+    position is the root's + depth) and which rows each row sees."""
+
+    depth: torch.Tensor  # (n + 1,)
+    mask: torch.Tensor  # (n + 1, n + 1) bool
+
+    @staticmethod
+    def of(parents: torch.Tensor) -> TreeLayout:
+        check_parents(parents)
+        return TreeLayout(torch.cat([torch.zeros(1, dtype=torch.long), depths(parents)]), ancestor_mask(parents))
