@@ -207,7 +207,7 @@ class SpeculativeEngine:
             policy.observe(proposal.tokens.numel(), n, t1 - t0, t2 - t1)
 
             new, stop = self.emitted(draft, n, verdict.token, spec)
-            stats.record_round(proposal.tokens.numel(), n, getattr(verdict, "beta", None), emitted=len(new),
+            stats.record_round(proposal.tokens.numel(), n, verdict.beta, emitted=len(new),
                                rejected=rejected)
             context[length : length + len(new)] = torch.tensor(new)
             length += len(new)

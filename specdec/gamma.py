@@ -1,11 +1,13 @@
 """Choosing gamma, the number of draft tokens per round: fixed, or "auto".
 
 "auto" maximises the paper's expected walltime improvement (Theorem 3.8) each round, from running
-estimates of alpha (acceptance, recent rounds weigh more) and c (draft token time over target call
-time), both measured during the generation. It also measures what the paper assumes away: the
-cost of scoring gamma+1 positions in one target pass, fitted as a line a + b*positions over the
-rounds seen so far. gamma = 0 (plain decoding) is chosen when speculation would not pay; then a
-one-token probe every few rounds keeps the estimates alive.
+estimates of alpha (acceptance, recent rounds weigh more) and c (draft token time over one target
+step), both measured during the generation. It also measures what the paper assumes away: the cost
+of scoring gamma+1 positions in one target pass, against the cost of one (a plain step, or a round
+whose drafter had nothing to say). If no such round has come by the third, that round is a plain
+step, so the cost is measured rather than assumed flat: on a CPU without fast bf16, scoring 2 to
+16 positions costs about twice one. gamma = 0 (plain decoding) is chosen when speculation would
+not pay; then a one-token probe every few rounds keeps the estimates alive.
 
 Example: alpha ~ 0.8, c ~ 0 and flat verification cost give gamma = gamma_max; alpha ~ 0.2 with
 c ~ 0.3 gives 0.
@@ -20,6 +22,7 @@ from .config import SpecConfig
 class GammaPolicy:
     DECAY = 0.9  # weight of the past per round in the alpha estimate
     PROBE_EVERY = 8  # rounds of plain decoding between probes when auto chose 0
+    CALIBRATE_AT = 2  # rounds seen before a plain step measures one position's cost, if none has
 
     def __init__(self, spec: SpecConfig, prior_c: float, fast_rows: int | None = None):
         self.spec = spec
@@ -31,12 +34,15 @@ class GammaPolicy:
         self.tested = 2.0
         self.c = prior_c
         self.idle_rounds = 0
-        self.cost_sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # n, Σx, Σy, Σxx, Σxy for target time vs positions
+        self.one_position = [0, 0.0]  # rounds that scored one position, their total target seconds
+        self.multi_sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # n, Σx, Σy, Σxx, Σxy of target seconds vs positions (>= 2)
 
     def next(self, limit: int) -> int:
         """Gamma for the coming round, at most `limit`."""
         if self.spec.gamma != "auto":
             return min(self.spec.gamma, limit)
+        if not self.one_position[0] and self.multi_sums[0] >= self.CALIBRATE_AT:
+            return 0
         alpha = self.accepted / self.tested
         gamma = theory.optimal_gamma(alpha, self.c, min(self.gamma_max, limit), self.verify_cost)
         if gamma == 0 and limit > 0:
@@ -46,25 +52,37 @@ class GammaPolicy:
         return gamma
 
     def verify_cost(self, gamma: int) -> float:
-        """Measured cost of scoring gamma+1 positions, in units of scoring one (>= 1)."""
-        n, sx, sy, sxx, sxy = self.cost_sums
-        spread = n * sxx - sx * sx
-        if n < 3 or spread <= 0:
+        """Measured cost of scoring gamma+1 positions, in units of scoring one (>= 1): a line
+        through the multi-position rounds (their mean while they all had one size), over the mean
+        one-position round. A pass of two or more rows is its own regime (a matrix product instead
+        of matrix-vector ones on most CPU paths), hence the line leaves one position out. Until
+        both are measured, scoring is assumed to cost one step, as the paper assumes."""
+        rounds, total = self.one_position
+        n, sx, sy, sxx, sxy = self.multi_sums
+        if gamma == 0 or not rounds or not n or total <= 0:
             return 1.0
-        slope = (n * sxy - sx * sy) / spread
-        intercept = (sy - slope * sx) / n
-        one = intercept + slope
-        return max(1.0, (intercept + slope * (gamma + 1)) / one) if one > 0 else 1.0
+        spread = n * sxx - sx * sx
+        if n >= 3 and spread > 0:
+            slope = (n * sxy - sx * sy) / spread
+            seconds = (sy - slope * sx) / n + slope * (gamma + 1)
+        else:
+            seconds = sy / n
+        return max(1.0, seconds / (total / rounds))
 
     def observe(self, drafted: int, accepted: int, draft_seconds: float, target_seconds: float) -> None:
         positions = drafted + 1
-        for i, value in enumerate((1.0, positions, target_seconds, positions * positions, positions * target_seconds)):
-            self.cost_sums[i] += value
+        if positions == 1:
+            self.one_position[0] += 1
+            self.one_position[1] += target_seconds
+        else:
+            for i, value in enumerate((1.0, positions, target_seconds, positions * positions, positions * target_seconds)):
+                self.multi_sums[i] += value
         if drafted == 0:
             return
         tested = min(accepted + 1, drafted)
         self.accepted = self.DECAY * self.accepted + accepted
         self.tested = self.DECAY * self.tested + tested
-        if target_seconds > 0:
-            c_now = (draft_seconds / drafted) / target_seconds
-            self.c = 0.8 * self.c + 0.2 * c_now
+        rounds, total = self.one_position
+        step = total / rounds if rounds and total > 0 else target_seconds  # c is per target *step*
+        if step > 0:
+            self.c = 0.8 * self.c + 0.2 * (draft_seconds / drafted) / step

@@ -3,7 +3,11 @@
 - translate: an English gettext message -> German (the catalog's human translation is the reference);
 - summarise: the start of a man page;
 - code: a Python standard-library function to rewrite with type hints;
-- chat: open questions from a fixed list (nothing to quote: the hard case for prompt lookup).
+- chat: open questions from a fixed list (nothing to quote: the hard case for prompt lookup);
+- code-edit: a standard-library function with one local name to rename, returned whole (a small
+  change to a longer text, as in editing a file);
+- multi-turn: a chat question, the target's own answer to it, then a second turn that asks for the
+  answer again with an edit (the runner makes the first answer: `follow_up` holds the second turn).
 
 A user's own prompts come from a JSONL file, one {"task": ..., "prompt": ...} object per line.
 """
@@ -18,7 +22,13 @@ from pathlib import Path
 from . import corpus
 from .errors import SpecdecError
 
-TASKS = ("translate", "summarise", "code", "chat")
+TASKS = ("translate", "summarise", "code", "chat", "code-edit", "multi-turn")
+
+FOLLOW_UPS = [
+    "Repeat your answer word for word, but as a numbered list.",
+    "Repeat your answer exactly, and add one more sentence at the end.",
+    "Write your answer again, word for word, with a short title above it.",
+]
 
 CHAT_QUESTIONS = [
     "What are three good habits for writing maintainable software?",
@@ -62,6 +72,24 @@ class Prompt:
     text: str
     reference: str | None = None
     source: str = ""
+    follow_up: str | None = None
+    """A second user turn, asked after the target's own answer to `text` (multi-turn chat)."""
+
+    def messages(self, first_answer: str) -> list[dict]:
+        """The conversation of a multi-turn prompt, given the target's first answer."""
+        return [{"role": "user", "content": self.text}, {"role": "assistant", "content": first_answer},
+                {"role": "user", "content": self.follow_up}]
+
+
+def _renamable(source: str) -> str | None:
+    """A local variable (assigned in the function, not a parameter) to rename, if there is one."""
+    import ast
+
+    function = ast.parse(source).body[0]
+    params = {a.arg for a in function.args.args + function.args.kwonlyargs}
+    names = [n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    names = [n for n in names if n not in params and len(n) > 1]
+    return max(sorted(set(names)), key=names.count) if names else None
 
 
 def task_prompts(task: str, count: int, seed: int = 0) -> list[Prompt]:
@@ -84,6 +112,16 @@ def task_prompts(task: str, count: int, seed: int = 0) -> list[Prompt]:
     if task == "chat":
         picked = rng.sample(CHAT_QUESTIONS, min(count, len(CHAT_QUESTIONS)))
         return [Prompt(task, q, None, "chat") for q in picked]
+    if task == "code-edit":
+        functions = [(name, source, _renamable(source)) for name, source in corpus.stdlib_functions(12, 40)]
+        functions = [f for f in functions if f[2]]
+        picked = rng.sample(functions, min(count, len(functions)))
+        return [Prompt(task, f"Rename the variable `{var}` to `{var}_new` in this Python function and return the "
+                       f"whole function, otherwise unchanged:\n\n```python\n{source}\n```", None, name)
+                for name, source, var in picked]
+    if task == "multi-turn":
+        picked = rng.sample(CHAT_QUESTIONS, min(count, len(CHAT_QUESTIONS)))
+        return [Prompt(task, q, None, "chat", follow_up=rng.choice(FOLLOW_UPS)) for q in picked]
     raise SpecdecError(f"unknown task {task!r}: use one of {', '.join(TASKS)}")
 
 

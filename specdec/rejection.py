@@ -149,6 +149,8 @@ class TreeVerdict:
     """The target's own token after the path (recovered or bonus)."""
     tested: list[float] | None = None
     """The acceptance probability of every child tried, in order (None on the greedy path)."""
+    beta = None
+    """The paper's β is defined for chains (Verdict.beta); trees report acceptance by depth."""
 
     @property
     def accepted(self) -> int:

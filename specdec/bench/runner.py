@@ -82,7 +82,12 @@ def run_bench(config: BenchConfig, progress=None) -> list[dict]:
     runs: list[dict] = []
     total = len(prompts) * len(config.temperatures) * len(methods)
     for p_index, prompt in enumerate(prompts):
-        ids = encode(prompt.text)
+        if prompt.follow_up:  # the first turn's answer is the target's own (greedy, not timed)
+            first = plain_engine.generate(encode(prompt.text), SamplingParams(),
+                                          SpecConfig(gamma=0, max_new_tokens=config.max_new_tokens)).run()
+            ids = encode(prompt.messages(target.tokenizer.decode(first.tokens, skip_special_tokens=True)))
+        else:
+            ids = encode(prompt.text)
         for temperature in config.temperatures:
             sampling = SamplingParams(temperature=temperature, seed=config.seed * 100003 + p_index)
             order = list(methods)

@@ -1,0 +1,68 @@
+"""gamma = auto on synthetic measurements: it measures what extra positions cost before trusting
+speculation, and stops speculating where the measured cost and acceptance say it loses."""
+
+import random
+
+from specdec.config import SpecConfig
+from specdec.gamma import GammaPolicy
+
+
+def accepted_count(gamma: int, alpha: float, rng: random.Random) -> int:
+    """Drafts accepted in a round when each is accepted with probability alpha (until one is not)."""
+    n = 0
+    while n < gamma and rng.random() < alpha:
+        n += 1
+    return n
+
+
+def _run(policy: GammaPolicy, rounds: int, alpha: float, step: float, per_position: float) -> list[int]:
+    """Feed the policy rounds whose target time is step + per_position * (positions - 1) and whose
+    drafts are accepted independently with probability alpha (seeded)."""
+    chosen, rng = [], random.Random(0)
+    for _ in range(rounds):
+        gamma = policy.next(64)
+        chosen.append(gamma)
+        accepted = accepted_count(gamma, alpha, rng)
+        policy.observe(gamma, accepted, draft_seconds=0.0, target_seconds=step + per_position * gamma)
+    return chosen
+
+
+def test_auto_measures_one_position_before_trusting_flat_cost():
+    policy = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.0)
+    chosen = _run(policy, 3, alpha=0.9, step=1.0, per_position=0.0)
+    assert chosen[2] == 0 and chosen[0] > 0  # the third round is the plain calibration step
+
+
+def test_auto_stops_speculating_when_extra_positions_are_expensive():
+    """α 0.3 with each extra position costing a quarter step (fp32 on ATen): plain decoding wins,
+    and after calibrating auto chooses 0 but for its probes."""
+    policy = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.05)
+    chosen = _run(policy, 60, alpha=0.3, step=1.0, per_position=0.25)
+    late = chosen[20:]
+    assert late.count(0) >= 0.8 * len(late), chosen
+
+
+def test_auto_keeps_speculating_when_positions_are_cheap():
+    policy = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.0)
+    chosen = _run(policy, 60, alpha=0.8, step=1.0, per_position=0.02)
+    assert min(chosen[5:]) >= 3, chosen
+
+
+def test_fixed_gamma_is_left_alone():
+    policy = GammaPolicy(SpecConfig(gamma=4), prior_c=0.0)
+    assert _run(policy, 5, alpha=0.0, step=1.0, per_position=1.0) == [4] * 5
+
+
+def test_auto_sees_the_step_from_one_position_to_several():
+    """fp32 on ATen here: 1 position 57 ms, 2 to 16 positions ~100-115 ms (matrix products instead
+    of matrix-vector ones). At α 0.45 with c 0.05 speculation loses; auto must see it, although a
+    line through the multi-position rounds alone is nearly flat."""
+    policy = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.05)
+    chosen, rng = [], random.Random(0)
+    for _ in range(80):
+        gamma = policy.next(64)
+        chosen.append(gamma)
+        seconds = 0.057 if gamma == 0 else 0.096 + 0.0012 * (gamma - 1)
+        policy.observe(gamma, accepted_count(gamma, 0.45, rng), draft_seconds=0.003 * gamma, target_seconds=seconds)
+    assert policy.verify_cost(4) > 1.6
+    assert chosen[30:].count(0) >= 0.8 * 50, chosen
