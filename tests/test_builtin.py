@@ -69,7 +69,7 @@ def test_shipped_trained_drafter_parity_fp32(builtin_model):
 
     assert shipped_drafter("smollm2-135m") is not None
     auto = build_drafter("auto", builtin_model)  # the default: prompt lookup greedy, eagle sampling
-    assert auto.for_sampling(SamplingParams()).name == "prompt-lookup"
+    assert auto.for_sampling(SamplingParams()).name.startswith("prompt-lookup")
     assert auto.for_sampling(SamplingParams(temperature=0.8)).name.startswith("eagle:")
     drafter = build_drafter("trained", builtin_model)
     backend = LeanBackend(builtin_model.model)

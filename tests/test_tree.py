@@ -311,3 +311,17 @@ def test_prompt_lookup_tree_merges_every_match():
     assert single.tokens.tolist() == [7, 8, 4] and not single.is_tree  # one match: a chain
     capped = PromptLookupTreeDrafter(max_ngram=2, max_nodes=2)
     assert capped.propose(torch.tensor([5, 1, 2, 5, 1, 3, 5, 1, 2, 9, 5, 1]), 2, SamplingParams(), None).tokens.tolist() == [2, 3]
+
+
+def test_auto_prompt_lookup_proposes_trees_only_off_the_fast_path():
+    from helpers import TableLM
+    from specdec.config import SamplingParams
+    from specdec.drafters import AutoPromptLookup
+
+    context = torch.tensor([5, 1, 2, 5, 1, 3, 5, 1, 2, 9, 5, 1])
+    drafter = AutoPromptLookup()
+    drafter.bind(TableLM(16))  # every pass on one path: trees
+    assert drafter.name == "prompt-lookup-tree" and drafter.propose(context, 2, SamplingParams(), None).is_tree
+    drafter.bind(TableLM(16, fast_rows=16))  # chains on a row-invariant fast path (the kernels)
+    proposal = drafter.propose(context, 2, SamplingParams(), None)
+    assert drafter.name == "prompt-lookup" and not proposal.is_tree and proposal.tokens.tolist() == [2, 9]

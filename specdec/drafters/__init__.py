@@ -9,15 +9,15 @@ from ..errors import SpecdecError
 from .base import Drafter, Proposal
 from .model import ModelDrafter
 from .ngram import NGramDrafter, NGramTable
-from .prompt_lookup import PromptLookupDrafter, PromptLookupTreeDrafter
+from .prompt_lookup import AutoPromptLookup, PromptLookupDrafter, PromptLookupTreeDrafter
 from .routed import ByTemperature
 from .trained import is_trained_drafter, load_trained_drafter
 
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "drafters"
 
-__all__ = ["Drafter", "Proposal", "ByTemperature", "ModelDrafter", "NGramDrafter", "NGramTable", "PromptLookupDrafter",
-           "PromptLookupTreeDrafter", "DRAFTER_KINDS", "DRAFTER_SYNTAX", "build_drafter", "check_same_tokenizer",
-           "parse_drafter", "shipped_drafter"]
+__all__ = ["AutoPromptLookup", "Drafter", "Proposal", "ByTemperature", "ModelDrafter", "NGramDrafter", "NGramTable",
+           "PromptLookupDrafter", "PromptLookupTreeDrafter", "DRAFTER_KINDS", "DRAFTER_SYNTAX", "build_drafter",
+           "check_same_tokenizer", "parse_drafter", "shipped_drafter"]
 
 
 def shipped_drafter(target_name: str) -> Path | None:
@@ -57,11 +57,11 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
     kind, draft = parse_drafter(spec)
     if kind == "none":
         return None
-    if kind == "auto":  # prompt lookup at T=0; at T>0 the trained drafter shipped for the target, if any
+    if kind == "auto":  # prompt lookup (a tree off the kernels) at T=0; at T>0 the shipped trained drafter, if any
         shipped = shipped_drafter(target.name)
         if not shipped:
-            return PromptLookupDrafter()
-        return ByTemperature(PromptLookupDrafter(), load_trained_drafter(shipped, target))
+            return AutoPromptLookup()
+        return ByTemperature(AutoPromptLookup(), load_trained_drafter(shipped, target))
     if kind == "prompt-lookup":
         return PromptLookupDrafter()
     if kind == "prompt-lookup-tree":

@@ -24,6 +24,7 @@ class ByTemperature(Drafter):
     def bind(self, target) -> None:
         self.greedy.bind(target)
         self.sampled.bind(target)
+        self.name = f"{self.greedy.name} at T=0, {self.sampled.name} at T>0"  # binding may settle a name
 
     def for_sampling(self, sampling: SamplingParams) -> Drafter:
         return self.greedy if sampling.greedy else self.sampled
