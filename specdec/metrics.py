@@ -171,6 +171,7 @@ class GenerationStats:
                 f"alpha {fmt(self.alpha)}" + (f" (beta {fmt(self.beta)})" if self.beta is not None else ""),
                 f"tau {fmt(self.tau)}",
                 f"c {fmt(self.c, '.3f')}",
-                f"predicted speedup {fmt(self.predicted_speedup)}x",
             ]
+            if self.predicted_speedup is not None:  # Theorem 3.8 covers chains
+                parts.append(f"predicted speedup {fmt(self.predicted_speedup)}x")
         return " | ".join(parts)
