@@ -149,33 +149,53 @@ class TreeVerdict:
     """The target's own token after the path (recovered or bonus)."""
     tested: list[float] | None = None
     """The acceptance probability of every child tried, in order (None on the greedy path)."""
-    beta = None
-    """The paper's β is defined for chains (Verdict.beta); trees report acceptance by depth."""
+    beta: torch.Tensor | None = None
+    """The chain's β, per depth: at each node whose children were tried, the probability that one
+    of them is accepted, 1 - Π_k (1 - a_k) over all its children (a_k with p' after the rejection
+    of children 1..k-1). The accepted count at a depth is Bernoulli(β) given the walk, as in a chain.
+    None on the greedy path."""
 
     @property
     def accepted(self) -> int:
         return len(self.path)
 
 
+def _child_acceptance(dist: torch.Tensor, q: torch.Tensor, token: torch.Tensor) -> float:
+    return float(acceptance_probability(dist[None], q[None], token[None])[0])
+
+
+def node_beta(dist: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, kids: list[int]) -> float:
+    """The probability that one of a node's children is accepted when p' = dist: 1 - Π (1 - a_k),
+    the children tried in order, each after the rejection of those before it."""
+    rejected = 1.0
+    for child in kids:
+        rejected *= 1.0 - _child_acceptance(dist, q[child], tokens[child])
+        dist = residual(dist, q[child])
+    return 1.0 - rejected
+
+
 def walk_tree(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
-              uniforms: torch.Tensor) -> tuple[list[int], torch.Tensor, list[tuple[int, float]]]:
+              uniforms: torch.Tensor) -> tuple[list[int], torch.Tensor, list[tuple[int, float]], list[float]]:
     """The deterministic core of `verify_tree`: one uniform per node (read only if the node is
     tried; node c is accepted when uniforms[c] < its acceptance probability). Returns the accepted
-    path, the distribution the target's token is drawn from, and (node, acceptance probability)
-    of every child tried, in order."""
+    path, the distribution the target's token is drawn from, (node, acceptance probability) of
+    every child tried, in order, and β of every node whose children were tried."""
     children = children_of(parents)
-    node, dist, path, tested = -1, p[0], [], []
+    node, dist, path, tested, betas = -1, p[0], [], [], []
     while True:
         accepted = None
-        for child in children.get(node, ()):
-            a = float(acceptance_probability(dist[None], q[child][None], tokens[child : child + 1])[0])
+        kids = children.get(node, [])
+        if kids:
+            betas.append(node_beta(dist, q, tokens, kids))
+        for child in kids:
+            a = _child_acceptance(dist, q[child], tokens[child])
             tested.append((child, a))
             if float(uniforms[child]) < a:
                 accepted = child
                 break
             dist = residual(dist, q[child])
         if accepted is None:
-            return path, dist, tested
+            return path, dist, tested, betas
         path.append(accepted)
         node, dist = accepted, p[1 + accepted]
 
@@ -186,8 +206,9 @@ def verify_tree(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.Tensor, p
     q: (n, V), or None when every node is deterministic; tokens, parents: (n,)."""
     if q is None:
         q = point_mass(tokens, p.shape[-1])
-    path, dist, tested = walk_tree(p, q, tokens, parents, torch.rand(tokens.numel(), generator=generator))
-    return TreeVerdict(path=path, token=sample(dist, generator), tested=[a for _, a in tested])
+    path, dist, tested, betas = walk_tree(p, q, tokens, parents, torch.rand(tokens.numel(), generator=generator))
+    return TreeVerdict(path=path, token=sample(dist, generator), tested=[a for _, a in tested],
+                       beta=torch.tensor(betas, dtype=torch.float32))
 
 
 def verify_tree_greedy(target_choice: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> TreeVerdict:

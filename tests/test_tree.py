@@ -27,7 +27,7 @@ def round_law(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, parents: t
     law = defaultdict(float)
     n = tokens.numel()
     for pattern in itertools.product((0.0, 1.0), repeat=n):
-        path, residual, tried = walk_tree(p, q, tokens, parents, torch.tensor(pattern))
+        path, residual, tried, _ = walk_tree(p, q, tokens, parents, torch.tensor(pattern))
         weight = 0.5 ** (n - len(tried))
         for node, a in tried:
             weight *= a if pattern[node] == 0.0 else 1.0 - a
@@ -325,3 +325,23 @@ def test_auto_prompt_lookup_proposes_trees_only_off_the_fast_path():
     drafter.bind(TableLM(16, fast_rows=16))  # chains on a row-invariant fast path (the kernels)
     proposal = drafter.propose(context, 2, SamplingParams(), None)
     assert drafter.name == "prompt-lookup" and not proposal.is_tree and proposal.tokens.tolist() == [2, 9]
+
+
+def test_beta_is_the_probability_that_a_depth_accepts():
+    """β at the root equals the exact probability (over child draws and uniforms) that the walk
+    accepts a child there, for sampled and deterministic children alike."""
+    for kinds in ("s", "ss", "sd", "ddd"):
+        accept_mass = beta_mass = 0.0
+        for weight, law in one_level_laws(kinds):
+            accept_mass += weight * sum(mass for seq, mass in law.items() if len(seq) == 2)
+        fixed = iter(Q1.argsort(descending=True).tolist())
+        choices = [range(V) if k == "s" else [next(fixed)] for k in kinds]
+        for draw in itertools.product(*choices):
+            weight, q = 1.0, torch.zeros(len(kinds), V, dtype=torch.float64)
+            for i, (kind, token) in enumerate(zip(kinds, draw)):
+                q[i] = Q1 if kind == "s" else point_mass(torch.tensor([token]), V)[0].double()
+                weight *= float(Q1[token]) if kind == "s" else 1.0
+            p = torch.cat([P1[None], P2[list(draw)]])
+            _, _, _, betas = walk_tree(p, q, torch.tensor(draw), torch.full((len(kinds),), -1), torch.ones(len(kinds)))
+            beta_mass += weight * betas[0]
+        assert abs(accept_mass - beta_mass) < 1e-9, kinds
