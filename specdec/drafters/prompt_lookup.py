@@ -25,18 +25,25 @@ class PromptLookupDrafter(Drafter):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
+    def matches(self, context: torch.Tensor) -> tuple[int, list[int]]:
+        """The longest n (max_ngram down to min_ngram) whose final n-gram occurred before, and
+        where each earlier occurrence starts, oldest first; (0, []) when none did."""
+        for n in range(min(self.max_ngram, context.shape[0] - 1), self.min_ngram - 1, -1):
+            # Windows that start at 0..length-n-1: every earlier occurrence, the final n tokens excluded.
+            windows = context[:-1].unfold(0, n, 1)  # (length - n, n)
+            hits = (windows == context[-n:]).all(dim=1).nonzero().flatten()
+            if hits.numel():
+                return n, hits.tolist()
+        return 0, []
+
     def propose(
         self, context: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator
     ) -> Proposal:
-        length = context.shape[0]
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            # Windows that start at 0..length-n-1: every earlier occurrence, the final n tokens excluded.
-            windows = context[:-1].unfold(0, n, 1)  # (length - n, n)
-            hits = (windows == context[-n:]).all(dim=1).nonzero()
-            if hits.numel():
-                start = int(hits[-1]) + n  # the most recent occurrence's continuation
-                return Proposal(tokens=context[start : start + gamma].clone())
-        return Proposal.empty()
+        n, hits = self.matches(context)
+        if not hits:
+            return Proposal.empty()
+        start = hits[-1] + n  # the most recent occurrence's continuation
+        return Proposal(tokens=context[start : start + gamma].clone())
 
 
 class PromptLookupTreeDrafter(PromptLookupDrafter):
@@ -60,15 +67,11 @@ class PromptLookupTreeDrafter(PromptLookupDrafter):
     def propose(
         self, context: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator
     ) -> Proposal:
-        length = context.shape[0]
-        for n in range(min(self.max_ngram, length - 1), self.min_ngram - 1, -1):
-            hits = (context[:-1].unfold(0, n, 1) == context[-n:]).all(dim=1).nonzero().flatten()
-            if hits.numel():
-                break
-        else:
+        n, hits = self.matches(context)
+        if not hits:
             return Proposal.empty()
         support: dict[tuple[int, ...], list[int]] = {}  # path -> [occurrences through it, recency rank]
-        for rank, hit in enumerate(reversed(hits[-self.max_matches :].tolist())):
+        for rank, hit in enumerate(reversed(hits[-self.max_matches :])):
             continuation = context[hit + n : hit + n + gamma].tolist()
             for depth in range(1, len(continuation) + 1):
                 support.setdefault(tuple(continuation[:depth]), [0, rank])[0] += 1

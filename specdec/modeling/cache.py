@@ -9,6 +9,13 @@ from __future__ import annotations
 import torch
 
 
+def grown_capacity(end: int, capacity: int, max_length: int | None) -> int:
+    """Room for `end` positions, doubling what there is (at least 256), capped at max_length
+    unless `end` itself is longer."""
+    grown = max(end, 2 * capacity, 256)
+    return max(end, min(grown, max_length)) if max_length else grown
+
+
 class KVCache:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
                  max_length: int | None = None):
@@ -24,9 +31,7 @@ class KVCache:
         """Room for positions 0..end-1, keeping what the cache holds."""
         if end <= self.capacity:
             return
-        capacity = max(end, 2 * self.capacity, 256)
-        if self.max_length:
-            capacity = max(end, min(capacity, self.max_length))
+        capacity = grown_capacity(end, self.capacity, self.max_length)
         shape = (self.kv_heads, capacity, self.head_dim)
         old = self.capacity
         grown_k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]

@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import torch
 
+from .cache import grown_capacity
+
 Angles = Callable[[int], dict[str, tuple[torch.Tensor, torch.Tensor]]]
 """positions -> {kind: (cos, sin)}, each (positions, head_dim): how a model computes its RoPE."""
 
@@ -56,9 +58,7 @@ class RopeTable:
     def ensure(self, end: int) -> None:
         if end <= self.capacity:
             return
-        capacity = max(end, 2 * self.capacity, 256)
-        if self.max_length:
-            capacity = max(end, min(capacity, self.max_length))
+        capacity = grown_capacity(end, self.capacity, self.max_length)
         for kind, (cos, sin) in self.angles(capacity).items():
             half = sin.shape[-1] // 2
             signed_sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
