@@ -164,18 +164,20 @@ def test_mask_depths_and_parents():
         check_parents(torch.tensor([0, -1]))
 
 
-@pytest.mark.parametrize("architecture", ["llama", "gemma3"])
-def test_tree_pass_equals_each_path_run_as_a_chain(architecture):
-    """One lean pass over a tree gives, at every node, the logits of its root path run as a plain
+@pytest.mark.parametrize("backend_class,architecture", [("lean", "llama"), ("lean", "gemma3"), ("transformers", "llama")])
+def test_tree_pass_equals_each_path_run_as_a_chain(backend_class, architecture):
+    """One pass over a tree gives, at every node, the logits of its root path run as a plain
     sequence; keeping a path then continuing equals recomputing (past Gemma's sliding window)."""
     from helpers import tiny_gemma3, tiny_llama
-    from specdec.backends import LeanBackend
+    from specdec.backends import LeanBackend, TransformersBackend
 
+    backend_type = LeanBackend if backend_class == "lean" else TransformersBackend
     model = tiny_llama(40, seed=0) if architecture == "llama" else tiny_gemma3(40, seed=0, sliding_window=8)
     prefix = torch.randint(0, 40, (13,), generator=torch.Generator().manual_seed(1))
     root, tokens = 7, torch.tensor([3, 5, 9, 11, 3, 2])
     parents = torch.tensor([-1, -1, 0, 0, 3, 1])
-    backend = LeanBackend(model)
+    backend = backend_type(model)
+    assert backend.supports_trees
     backend.prefill(prefix)
     logits = backend.forward_tree(torch.cat([torch.tensor([root]), tokens]), parents)
 
@@ -186,7 +188,7 @@ def test_tree_pass_equals_each_path_run_as_a_chain(architecture):
             node = int(parents[node])
         return path
 
-    reference = LeanBackend(model)
+    reference = backend_type(model)
     for row in range(tokens.numel() + 1):
         sequence = torch.cat([prefix, torch.tensor([root]), tokens[path_to(row - 1)]])
         reference.reset()
@@ -280,24 +282,28 @@ def test_specdec_verify_fails_a_tree_walk_without_the_residual(monkeypatch):
     assert not report.passed, report.to_text()
 
 
+@pytest.mark.parametrize("backend_class", ["lean", "transformers"])
 @pytest.mark.parametrize("architecture", ["llama", "gemma3"])
-def test_tree_drafters_keep_greedy_output(architecture):
+def test_tree_drafters_keep_greedy_output(architecture, backend_class):
     """At temperature 0 the output is plain greedy decoding's, token for token, with trees scored
-    on the lean backend (past Gemma's sliding window) and by prompt lookup over every match."""
+    on the lean backend (past Gemma's sliding window) and on transformers (Gemma-3 there verifies
+    each tree's first chain), by prompt lookup over every match and by a table drafter."""
     from helpers import TableLM, tiny_gemma3, tiny_llama
-    from specdec.backends import LeanBackend
+    from specdec.backends import LeanBackend, TransformersBackend
     from specdec.config import SamplingParams, SpecConfig
     from specdec.drafters import PromptLookupTreeDrafter
     from specdec.engine import SpeculativeEngine
 
+    backend_type = LeanBackend if backend_class == "lean" else TransformersBackend
     model = tiny_llama(40, seed=0) if architecture == "llama" else tiny_gemma3(40, seed=0, sliding_window=8)
     prompt = [1, 2, 3, 4, 5, 1, 2, 6, 7, 1, 2, 3, 9, 1, 2]
     greedy, spec = SamplingParams(), SpecConfig(gamma=3, max_new_tokens=40)
-    expected = SpeculativeEngine(LeanBackend(model)).generate(prompt, greedy, SpecConfig(gamma=0, max_new_tokens=40)).run()
+    expected = SpeculativeEngine(backend_type(model)).generate(prompt, greedy, SpecConfig(gamma=0, max_new_tokens=40)).run()
     for drafter in (PromptLookupTreeDrafter(max_ngram=2), TableTreeDrafter(TableLM(40, order=1, seed=3))):
-        run = SpeculativeEngine(LeanBackend(model), drafter).generate(prompt, greedy, spec).run()
+        backend = backend_type(model)
+        run = SpeculativeEngine(backend, drafter).generate(prompt, greedy, spec).run()
         assert run.tokens == expected.tokens, drafter.name
-        assert run.stats.tree_rounds > 0 and run.stats.drafted > 0, drafter.name
+        assert run.stats.drafted > 0 and (run.stats.tree_rounds > 0) == backend.supports_trees, drafter.name
 
 
 def test_prompt_lookup_tree_merges_every_match():

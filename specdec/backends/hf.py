@@ -13,7 +13,13 @@ class TransformersBackend(Backend):
 
     Rollback crops the cache (`DynamicCache.crop` with a negative count). Sliding-window layers
     (Gemma-3) record their past, so a crop by up to the tokens of the last forward is exact; they
-    forget what lies further back, which `oldest_reachable` reports."""
+    forget what lies further back, which `oldest_reachable` reports.
+
+    Token trees go through transformers' custom 4-D attention mask (an additive float mask, so
+    every attention implementation reads it alike) with position ids by depth, and the accepted
+    path's keys and values are moved into place layer by layer. Models with sliding-window layers
+    keep a per-layer cache of another length and take one mask for all layers, so they verify a
+    tree's first chain instead (`supports_trees` is False)."""
 
     path = "transformers"
 
@@ -45,6 +51,37 @@ class TransformersBackend(Backend):
             self._store_hidden(start, out.hidden_states[-1][0])
         self._since_crop += n
         return out.logits[0].float()  # (n, V)
+
+    @property
+    def supports_trees(self) -> bool:
+        return self.sliding_window is None
+
+    @torch.inference_mode()
+    def _forward_tree(self, ids: torch.Tensor, layout, start: int) -> torch.Tensor:
+        n = ids.shape[0]
+        dtype = next(self.model.parameters()).dtype
+        allowed = torch.cat([torch.ones(n, start, dtype=torch.bool), layout.mask], dim=1)  # context, then the tree
+        mask = torch.zeros(1, 1, n, start + n, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        out = self.model(
+            input_ids=ids.to(self.device)[None], position_ids=(start + layout.depth).to(self.device)[None],
+            attention_mask=mask.to(self.device), past_key_values=self.cache, use_cache=True,
+            output_hidden_states=self.record_hidden,
+        )
+        if self.record_hidden:
+            self._store_hidden(start, out.hidden_states[-1][0])
+        self._since_crop += n
+        return out.logits[0].float()  # (n, V)
+
+    def _keep(self, start: int, slots: list[int]) -> None:
+        source = torch.tensor(slots, dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            if slots:
+                layer.keys[:, :, start : start + len(slots)] = layer.keys[:, :, source]
+                layer.values[:, :, start : start + len(slots)] = layer.values[:, :, source]
+        drop = self.length - (start + len(slots))  # the cache still holds every row of the tree pass
+        if drop:
+            self.cache.crop(-drop)
+        self._since_crop = 0
 
     def _rollback(self, length: int) -> None:
         if self.length:  # an empty cache has no layers to crop yet
