@@ -22,8 +22,8 @@ BUILTIN_TARGETS = ("smollm2-135m", "gemma3-270m")
 """The models that install from PyPI with specdec (specdec.models says where from)."""
 BACKENDS = ("auto", "lean", "transformers")
 """The forward passes a target can run on (specdec.backends.make_backend)."""
-DRAFTER_KINDS = ("auto", "prompt-lookup", "prompt-lookup-tree", "ngram", "model", "trained", "none")
-DRAFTER_SYNTAX = ("auto, prompt-lookup, prompt-lookup-tree, ngram[:TABLE.npz], model:NAME_OR_DIR, trained[:DIR], none, "
+DRAFTER_KINDS = ("auto", "prompt-lookup", "prompt-lookup-tree", "suffix", "ngram", "model", "trained", "none")
+DRAFTER_SYNTAX = ("auto, prompt-lookup, prompt-lookup-tree, suffix, ngram[:TABLE.npz], model:NAME_OR_DIR, trained[:DIR], none, "
                   "or a trained drafter's directory")
 """How a drafter is named everywhere (CLI, API, server, bench): KIND or KIND:ARGUMENT."""
 
@@ -42,7 +42,7 @@ def parse_drafter(spec: str) -> tuple[str, str | None]:
     kind, sep, argument = spec.partition(":")
     if not sep or kind not in DRAFTER_KINDS or Path(spec).exists():
         return spec, None
-    if kind in ("auto", "prompt-lookup", "prompt-lookup-tree", "none"):
+    if kind in ("auto", "prompt-lookup", "prompt-lookup-tree", "suffix", "none"):
         raise SpecdecError(f"the {kind} drafter takes no argument, got {spec!r}")
     if not argument:
         raise SpecdecError(f"{spec!r}: give the argument after the colon, as in {kind}:PATH")

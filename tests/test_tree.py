@@ -351,3 +351,39 @@ def test_beta_is_the_probability_that_a_depth_accepts():
             _, _, _, betas = walk_tree(p, q, torch.tensor(draw), torch.full((len(kinds),), -1), torch.ones(len(kinds)))
             beta_mass += weight * betas[0]
         assert abs(accept_mass - beta_mass) < 1e-9, kinds
+
+
+def test_suffix_drafter_finds_continuations_in_earlier_sequences():
+    from specdec.config import SamplingParams
+    from specdec.drafters import SequenceHistory, SuffixDrafter
+
+    history = SequenceHistory(max_tokens=12)
+    drafter = SuffixDrafter(history, max_ngram=2)
+    drafter.begin(torch.tensor([0]))
+    drafter.propose(torch.tensor([3, 7, 8, 9, 4]), 2, SamplingParams(), None)  # a first sequence, as drafted for
+    drafter.begin(torch.tensor([0]))  # the next one starts: the first joins the history
+    assert history.sequences[-1] == [3, 7, 8, 9, 4]
+    proposal = drafter.propose(torch.tensor([1, 2, 7, 8]), 3, SamplingParams(), None)
+    assert proposal.tokens.tolist() == [9, 4] and not proposal.is_tree  # within one sequence only
+    both = drafter.propose(torch.tensor([7, 8, 5, 1, 7, 8]), 2, SamplingParams(), None)  # its own match and the history's
+    assert sorted(both.tokens[both.parents == -1].tolist()) == [5, 9]
+    history.add([6] * 10)  # 15 tokens > 12: the oldest sequence is dropped
+    assert list(history.sequences) == [[6] * 10] and history.continuations([7, 8], 2, 5) == []
+
+
+def test_suffix_drafter_keeps_greedy_output_across_requests():
+    """Greedy output is plain decoding's for a second request that the first one's history drafts for."""
+    from helpers import tiny_llama
+    from specdec.backends import LeanBackend
+    from specdec.config import SamplingParams, SpecConfig
+    from specdec.drafters import SuffixDrafter
+    from specdec.engine import SpeculativeEngine
+
+    model = tiny_llama(40, seed=0)
+    backend, drafter = LeanBackend(model), SuffixDrafter()
+    spec_engine, plain = SpeculativeEngine(backend, drafter), SpeculativeEngine(backend)
+    for prompt in ([1, 2, 3, 4, 5, 6], [9, 1, 2, 3, 4, 5, 6]):
+        expected = plain.generate(prompt, SamplingParams(), SpecConfig(gamma=0, max_new_tokens=30)).run().tokens
+        run = spec_engine.generate(prompt, SamplingParams(), SpecConfig(gamma=3, max_new_tokens=30)).run()
+        assert run.tokens == expected
+    assert run.stats.accepted > 0  # the second request copies what the first one generated

@@ -11,13 +11,14 @@ from .model import ModelDrafter
 from .ngram import NGramDrafter, NGramTable
 from .prompt_lookup import AutoPromptLookup, PromptLookupDrafter, PromptLookupTreeDrafter
 from .routed import ByTemperature
+from .suffix import SequenceHistory, SuffixDrafter
 from .trained import is_trained_drafter, load_trained_drafter
 
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "drafters"
 
 __all__ = ["AutoPromptLookup", "Drafter", "Proposal", "ByTemperature", "ModelDrafter", "NGramDrafter", "NGramTable",
-           "PromptLookupDrafter", "PromptLookupTreeDrafter", "DRAFTER_KINDS", "DRAFTER_SYNTAX", "build_drafter",
-           "check_same_tokenizer", "parse_drafter", "shipped_drafter"]
+           "PromptLookupDrafter", "PromptLookupTreeDrafter", "SequenceHistory", "SuffixDrafter", "DRAFTER_KINDS",
+           "DRAFTER_SYNTAX", "build_drafter", "check_same_tokenizer", "parse_drafter", "shipped_drafter"]
 
 
 def shipped_drafter(target_name: str) -> Path | None:
@@ -66,6 +67,8 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
         return PromptLookupDrafter()
     if kind == "prompt-lookup-tree":
         return PromptLookupTreeDrafter()
+    if kind == "suffix":
+        return SuffixDrafter()
     if kind == "ngram":
         shipped = Path(__file__).parent.parent / "data" / f"{target.name}.bigram.npz"
         if not draft and shipped.is_file():

@@ -25,15 +25,23 @@ class PromptLookupDrafter(Drafter):
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
+    def ngram_sizes(self, context: torch.Tensor) -> range:
+        """The n to try, longest first."""
+        return range(min(self.max_ngram, context.shape[0] - 1), self.min_ngram - 1, -1)
+
+    @staticmethod
+    def hits(context: torch.Tensor, n: int) -> list[int]:
+        """Where earlier occurrences of the context's final n-gram start, oldest first."""
+        windows = context[:-1].unfold(0, n, 1)  # windows starting at 0..length-n-1: the final n excluded
+        return (windows == context[-n:]).all(dim=1).nonzero().flatten().tolist()
+
     def matches(self, context: torch.Tensor) -> tuple[int, list[int]]:
-        """The longest n (max_ngram down to min_ngram) whose final n-gram occurred before, and
-        where each earlier occurrence starts, oldest first; (0, []) when none did."""
-        for n in range(min(self.max_ngram, context.shape[0] - 1), self.min_ngram - 1, -1):
-            # Windows that start at 0..length-n-1: every earlier occurrence, the final n tokens excluded.
-            windows = context[:-1].unfold(0, n, 1)  # (length - n, n)
-            hits = (windows == context[-n:]).all(dim=1).nonzero().flatten()
-            if hits.numel():
-                return n, hits.tolist()
+        """The longest n whose final n-gram occurred before, and where each earlier occurrence
+        starts, oldest first; (0, []) when none did."""
+        for n in self.ngram_sizes(context):
+            hits = self.hits(context, n)
+            if hits:
+                return n, hits
         return 0, []
 
     def propose(
@@ -64,17 +72,25 @@ class PromptLookupTreeDrafter(PromptLookupDrafter):
             raise ValueError(f"max_nodes and max_matches must be >= 1, got {max_nodes}, {max_matches}")
         self.max_nodes, self.max_matches = max_nodes, max_matches
 
+    def continuations(self, context: torch.Tensor, gamma: int) -> list[list[int]]:
+        """What followed earlier occurrences of the context's final n-gram, most recent first."""
+        n, hits = self.matches(context)
+        return [context[hit + n : hit + n + gamma].tolist() for hit in reversed(hits[-self.max_matches :])]
+
     def propose(
         self, context: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator
     ) -> Proposal:
-        n, hits = self.matches(context)
-        if not hits:
-            return Proposal.empty()
-        support: dict[tuple[int, ...], list[int]] = {}  # path -> [occurrences through it, recency rank]
-        for rank, hit in enumerate(reversed(hits[-self.max_matches :])):
-            continuation = context[hit + n : hit + n + gamma].tolist()
+        return self.tree_of(self.continuations(context, gamma))
+
+    def tree_of(self, continuations: list[list[int]]) -> Proposal:
+        """Continuations (most recent first) merged into a tree of at most max_nodes nodes, the
+        paths more continuations share first; a single path is proposed as a chain."""
+        support: dict[tuple[int, ...], list[int]] = {}  # path -> [continuations through it, recency rank]
+        for rank, continuation in enumerate(continuations):
             for depth in range(1, len(continuation) + 1):
                 support.setdefault(tuple(continuation[:depth]), [0, rank])[0] += 1
+        if not support:
+            return Proposal.empty()
         priority = sorted(support, key=lambda path: (-support[path][0], len(path), support[path][1]))
         chosen: set[tuple[int, ...]] = set()
         for path in priority:  # a parent has at least its child's support, so it is met first
