@@ -387,3 +387,15 @@ def test_suffix_drafter_keeps_greedy_output_across_requests():
         run = spec_engine.generate(prompt, SamplingParams(), SpecConfig(gamma=3, max_new_tokens=30)).run()
         assert run.tokens == expected
     assert run.stats.accepted > 0  # the second request copies what the first one generated
+
+
+def test_tree_drafters_are_built_by_name(tiny_dirs):
+    from specdec.drafters import PromptLookupTreeDrafter, SuffixDrafter, build_drafter
+    from specdec.errors import SpecdecError
+    from specdec.models import load_model
+
+    target = load_model(str(tiny_dirs["target"]), "float32")
+    assert isinstance(build_drafter("suffix", target), SuffixDrafter)
+    assert type(build_drafter("prompt-lookup-tree", target)) is PromptLookupTreeDrafter
+    with pytest.raises(SpecdecError, match="takes no argument"):
+        build_drafter("suffix:history.npz", target)
