@@ -9,9 +9,12 @@ cache already holds (the same prompt sampled again, a chat that grows turn by tu
 >>> # backend.rollback(1)                       -> the cache holds token 5 only
 >>> # backend.prefill(torch.tensor([5, 8]))     -> runs only token 8
 
-Drafters that read the target's features (EAGLE, Medusa) turn on `record_hidden`: the backend then
-also keeps the last layer's output (after the final norm, the vector the LM head reads) of every
-position it holds, and `hidden(start, end)` returns them.
+Backends that can (`supports_trees`) also score a token tree in one pass (`forward_tree`: each
+node sees the context and its ancestors) and keep just the accepted path (`keep_path`).
+
+For drafters that read the target's features (EAGLE, Medusa) the engine turns on `record_hidden`:
+the backend then also keeps the last layer's output (after the final norm, the vector the LM head
+reads) of every position it holds, and `hidden(start, end)` returns them.
 """
 
 from __future__ import annotations
