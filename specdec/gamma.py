@@ -7,7 +7,8 @@ of scoring gamma+1 positions in one target pass, against the cost of one (a plai
 whose drafter had nothing to say). If no such round has come by the third, that round is a plain
 step, so the cost is measured rather than assumed flat: on a CPU without fast bf16, scoring 2 to
 16 positions costs about twice one. gamma = 0 (plain decoding) is chosen when speculation would
-not pay; then a one-token probe every few rounds keeps the estimates alive.
+not pay; then one-token probes keep the estimates alive, after 8 plain rounds, then 16, 32, up to
+64 while they keep saying no.
 
 Example: alpha ~ 0.8, c ~ 0 and flat verification cost give gamma = gamma_max; alpha ~ 0.2 with
 c ~ 0.3 gives 0.
@@ -21,7 +22,8 @@ from .config import SpecConfig
 
 class GammaPolicy:
     DECAY = 0.9  # weight of the past per round in the alpha estimate
-    PROBE_EVERY = 8  # rounds of plain decoding between probes when auto chose 0
+    PROBE_EVERY = 8  # rounds of plain decoding before the first probe when auto chose 0
+    MAX_PROBE_EVERY = 64  # each probe that changes nothing doubles the wait, up to this
     CALIBRATE_AT = 2  # rounds seen before a plain step measures one position's cost, if none has
 
     def __init__(self, spec: SpecConfig, prior_c: float, fast_rows: int | None = None):
@@ -34,6 +36,7 @@ class GammaPolicy:
         self.tested = 2.0
         self.c = prior_c
         self.idle_rounds = 0
+        self.probe_every = self.PROBE_EVERY
         self.one_position = [0, 0.0]  # rounds that scored one position, their total target seconds
         self.multi_sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # n, Σx, Σy, Σxx, Σxy of target seconds vs positions (>= 2)
 
@@ -47,8 +50,12 @@ class GammaPolicy:
         gamma = theory.optimal_gamma(alpha, self.c, min(self.gamma_max, limit), self.verify_cost)
         if gamma == 0 and limit > 0:
             self.idle_rounds += 1
-            if self.idle_rounds % self.PROBE_EVERY == 0:
+            if self.idle_rounds >= self.probe_every:  # a one-token probe keeps alpha and c measured
+                self.idle_rounds = 0
+                self.probe_every = min(2 * self.probe_every, self.MAX_PROBE_EVERY)
                 return 1
+        elif gamma > 0:
+            self.idle_rounds, self.probe_every = 0, self.PROBE_EVERY
         return gamma
 
     def verify_cost(self, gamma: int) -> float:

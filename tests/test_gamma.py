@@ -66,3 +66,12 @@ def test_auto_sees_the_step_from_one_position_to_several():
         policy.observe(gamma, accepted_count(gamma, 0.45, rng), draft_seconds=0.003 * gamma, target_seconds=seconds)
     assert policy.verify_cost(4) > 1.6
     assert chosen[30:].count(0) >= 0.8 * 50, chosen
+
+
+def test_probes_back_off_while_speculation_keeps_losing():
+    """Where speculation loses, each probe costs; the wait between probes doubles (8, 16, 32, 64),
+    so 300 rounds hold a handful of probes, not one every 8 rounds."""
+    policy = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.05)
+    chosen = _run(policy, 300, alpha=0.2, step=1.0, per_position=0.5)
+    probes = sum(1 for g in chosen[40:] if g > 0)
+    assert 1 <= probes <= 6, chosen
