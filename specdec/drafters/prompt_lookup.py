@@ -17,6 +17,14 @@ from ..config import SamplingParams
 from .base import Drafter, Proposal
 
 
+def occurrences(sequence: torch.Tensor, pattern: torch.Tensor) -> list[int]:
+    """Where `pattern` starts in `sequence`, first to last."""
+    n = pattern.numel()
+    if n == 0 or sequence.numel() < n:
+        return []
+    return (sequence.unfold(0, n, 1) == pattern).all(dim=1).nonzero().flatten().tolist()
+
+
 class PromptLookupDrafter(Drafter):
     name = "prompt-lookup"
 
@@ -32,8 +40,7 @@ class PromptLookupDrafter(Drafter):
     @staticmethod
     def hits(context: torch.Tensor, n: int) -> list[int]:
         """Where earlier occurrences of the context's final n-gram start, oldest first."""
-        windows = context[:-1].unfold(0, n, 1)  # windows starting at 0..length-n-1: the final n excluded
-        return (windows == context[-n:]).all(dim=1).nonzero().flatten().tolist()
+        return occurrences(context[:-1], context[-n:])  # context[:-1]: the final n-gram itself excluded
 
     def matches(self, context: torch.Tensor) -> tuple[int, list[int]]:
         """The longest n whose final n-gram occurred before, and where each earlier occurrence
@@ -75,6 +82,10 @@ class PromptLookupTreeDrafter(PromptLookupDrafter):
     def continuations(self, context: torch.Tensor, gamma: int) -> list[list[int]]:
         """What followed earlier occurrences of the context's final n-gram, most recent first."""
         n, hits = self.matches(context)
+        return self.following(context, n, hits, gamma)
+
+    def following(self, context: torch.Tensor, n: int, hits: list[int], gamma: int) -> list[list[int]]:
+        """Up to gamma tokens after each of the latest max_matches hits of an n-gram, most recent first."""
         return [context[hit + n : hit + n + gamma].tolist() for hit in reversed(hits[-self.max_matches :])]
 
     def propose(

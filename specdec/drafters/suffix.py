@@ -22,7 +22,7 @@ import torch
 
 from ..config import SamplingParams
 from .base import Proposal
-from .prompt_lookup import PromptLookupTreeDrafter
+from .prompt_lookup import PromptLookupTreeDrafter, occurrences
 
 SEPARATOR = -1  # between sequences in the history, so no match or continuation crosses two of them
 
@@ -55,12 +55,10 @@ class SequenceHistory:
         """Up to `limit` continuations (at most `length` tokens, within one sequence) of the
         occurrences of `pattern`, the most recent first."""
         n = len(pattern)
-        if n == 0 or self._corpus.numel() <= n:
-            return []
-        windows = self._corpus[:-1].unfold(0, n, 1)
-        hits = (windows == torch.tensor(pattern)).all(dim=1).nonzero().flatten().tolist()
-        out = []
-        for hit in reversed(hits):
+        out: list[list[int]] = []
+        if limit <= 0:
+            return out
+        for hit in reversed(occurrences(self._corpus, torch.tensor(pattern, dtype=torch.long))):
             continuation = self._corpus[hit + n : hit + n + length].tolist()
             if SEPARATOR in continuation:
                 continuation = continuation[: continuation.index(SEPARATOR)]
@@ -88,8 +86,7 @@ class SuffixDrafter(PromptLookupTreeDrafter):
 
     def continuations(self, context: torch.Tensor, gamma: int) -> list[list[int]]:
         for n in self.ngram_sizes(context):
-            hits = self.hits(context, n)
-            own = [context[hit + n : hit + n + gamma].tolist() for hit in reversed(hits[-self.max_matches :])]
+            own = self.following(context, n, self.hits(context, n), gamma)
             earlier = self.history.continuations(context[-n:].tolist(), gamma, self.max_matches - len(own))
             if own or earlier:
                 return own + earlier
