@@ -24,6 +24,7 @@ min(1, 0.3/0.7) = 3/7. On rejection the residual is max(0, p - q) = [0.3, 0, 0.1
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -164,14 +165,16 @@ def _child_acceptance(dist: torch.Tensor, q: torch.Tensor, token: torch.Tensor) 
     return float(acceptance_probability(dist[None], q[None], token[None])[0])
 
 
-def node_beta(dist: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, kids: list[int]) -> float:
-    """The probability that one of a node's children is accepted when p' = dist: 1 - Π (1 - a_k),
-    the children tried in order, each after the rejection of those before it."""
-    rejected = 1.0
+def try_children(dist: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor,
+                 kids: list[int]) -> list[tuple[float, torch.Tensor]]:
+    """For a node's children in order, starting from p' = dist: each one's acceptance probability
+    and p' after its rejection (what the next child is tried against)."""
+    out = []
     for child in kids:
-        rejected *= 1.0 - _child_acceptance(dist, q[child], tokens[child])
+        a = _child_acceptance(dist, q[child], tokens[child])
         dist = residual(dist, q[child])
-    return 1.0 - rejected
+        out.append((a, dist))
+    return out
 
 
 def walk_tree(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor,
@@ -185,15 +188,15 @@ def walk_tree(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, parents: t
     while True:
         accepted = None
         kids = children.get(node, [])
-        if kids:
-            betas.append(node_beta(dist, q, tokens, kids))
-        for child in kids:
-            a = _child_acceptance(dist, q[child], tokens[child])
+        tries = try_children(dist, q, tokens, kids)
+        if kids:  # the probability that one child is accepted: 1 - Π (1 - a_k)
+            betas.append(1.0 - math.prod(1.0 - a for a, _ in tries))
+        for child, (a, after) in zip(kids, tries):
             tested.append((child, a))
             if float(uniforms[child]) < a:
                 accepted = child
                 break
-            dist = residual(dist, q[child])
+            dist = after
         if accepted is None:
             return path, dist, tested, betas
         path.append(accepted)
