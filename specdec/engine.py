@@ -129,12 +129,13 @@ class SpeculativeEngine:
         tokens, parents = proposal.tokens, proposal.parents
         logits = self.target.forward_tree(torch.cat([context[length - 1 : length], tokens]), parents)  # (n+1, V)
         if sampling.greedy:
-            verdict = verify_tree_greedy(logits.argmax(dim=-1), tokens, parents)
-        elif sampling.drafter_invariant:  # the target's own draw at each row's position decides
+            argmax = logits.argmax(dim=-1)
+            verdict = verify_tree_greedy(lambda row: int(argmax[row]), tokens, parents)
+        elif sampling.drafter_invariant:  # the target's own draw at each visited row's position decides
             p = probs(logits, sampling)
             row_depth = [0] + depths(parents).tolist()
-            draws = [coupled_draw(p[r], sampling.seed, length + row_depth[r]) for r in range(p.shape[0])]
-            verdict = verify_tree_greedy(torch.tensor(draws), tokens, parents)
+            verdict = verify_tree_greedy(lambda row: coupled_draw(p[row], sampling.seed, length + row_depth[row]),
+                                         tokens, parents)
         else:
             verdict = verify_tree(probs(logits, sampling), proposal.q, tokens, parents, generator)
         self.target.keep_path(length - 1, verdict.path)

@@ -25,6 +25,7 @@ min(1, 0.3/0.7) = 3/7. On rejection the residual is max(0, p - q) = [0.3, 0, 0.1
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -214,14 +215,15 @@ def verify_tree(p: torch.Tensor, q: torch.Tensor | None, tokens: torch.Tensor, p
                        beta=torch.tensor(betas, dtype=torch.float32))
 
 
-def verify_tree_greedy(target_choice: torch.Tensor, tokens: torch.Tensor, parents: torch.Tensor) -> TreeVerdict:
+def verify_tree_greedy(target_choice: Callable[[int], int], tokens: torch.Tensor, parents: torch.Tensor) -> TreeVerdict:
     """Follow the root path whose every node is the target's choice at its parent (the argmax at
     temperature 0, or the drafter-invariant draw), then emit the target's choice there.
-    target_choice: (n + 1,) the target's token at each row (root first)."""
+    target_choice(row): the target's token at a row (0 the root, 1 + i node i); asked only for the
+    rows the walk visits, so a costly choice (a drafter-invariant draw) is made only there."""
     children = children_of(parents)
     node, path = -1, []
     while True:
-        choice = int(target_choice[1 + node])
+        choice = target_choice(1 + node)
         match = next((c for c in children.get(node, ()) if int(tokens[c]) == choice), None)
         if match is None:
             return TreeVerdict(path=path, token=choice)

@@ -12,7 +12,7 @@ import torch
 import specdec.engine
 from helpers import TableLM
 from specdec.config import SamplingParams, SpecConfig
-from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, PromptLookupDrafter
+from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, PromptLookupDrafter, PromptLookupTreeDrafter
 from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
 from specdec.exactness import goodness_of_fit, sample_continuations
@@ -29,25 +29,30 @@ def drafter(kind: str):
         return ModelDrafter(TableLM(VOCAB, order=1, seed=21, scale=1.2), VOCAB)
     if kind == "prompt-lookup":
         return PromptLookupDrafter()
+    if kind == "prompt-lookup-tree":
+        return PromptLookupTreeDrafter()
     return NGramDrafter(NGramTable.fit([[0, 1, 2, 3, 4, 5, 6, 0, 2, 4, 6, 1, 3, 5, 0]], n=2))
 
 
-@pytest.mark.parametrize("kind", ["model", "prompt-lookup", "ngram"])
+@pytest.mark.parametrize("kind", ["model", "prompt-lookup", "prompt-lookup-tree", "ngram"])
 @pytest.mark.parametrize("gamma", [1, 3, "auto"])
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=["T1", "T0.7-top-p0.9"])
 def test_speculative_output_equals_plain_output_with_the_same_seed(kind, gamma, sampling):
     target = TableLM(VOCAB, seed=20)
     plain = SpeculativeEngine(target, None)
     spec = SpeculativeEngine(target, drafter(kind))
-    accepted = 0
+    accepted = trees = 0
     for seed in range(12):
         params = replace(sampling, seed=seed)
         expected = plain.generate(PROMPT, params, SpecConfig(gamma=0, max_new_tokens=40)).run().tokens
         run = spec.generate(PROMPT, params, SpecConfig(gamma=gamma, max_new_tokens=40)).run()
         assert run.tokens == expected, (seed, run.tokens, expected)
         accepted += run.stats.accepted
+        trees += run.stats.tree_rounds
     if kind == "model":
         assert accepted > 0  # the verifier did accept drafts
+    if kind == "prompt-lookup-tree" and gamma != 1:
+        assert trees > 0  # the tree path (a draw at each visited row's depth) was exercised
 
 
 def chain_law(target: TableLM, prompt: list[int], k: int, sampling: SamplingParams) -> dict:

@@ -148,9 +148,9 @@ def test_greedy_walk_follows_the_target_choice():
     tokens = torch.tensor([3, 1, 2, 0, 2])
     parents = torch.tensor([-1, -1, 1, 1, 2])
     choice = torch.tensor([1, 9, 0, 2, 0, 3])  # rows: root, nodes 0..4
-    verdict = verify_tree_greedy(choice, tokens, parents)
+    verdict = verify_tree_greedy(lambda row: int(choice[row]), tokens, parents)
     assert verdict.path == [1, 3] and verdict.token == 0  # root -> node 1 (token 1) -> node 3 (token 0), a leaf
-    assert verify_tree_greedy(torch.tensor([2, 0, 0, 0, 0, 0]), tokens, parents).path == []
+    assert verify_tree_greedy(lambda row: [2, 0, 0, 0, 0, 0][row], tokens, parents).path == []
 
 
 def test_mask_depths_and_parents():
