@@ -60,8 +60,7 @@ class TransformersBackend(Backend):
     def _forward_tree(self, ids: torch.Tensor, layout, start: int) -> torch.Tensor:
         n = ids.shape[0]
         dtype = next(self.model.parameters()).dtype
-        allowed = torch.cat([torch.ones(n, start, dtype=torch.bool), layout.mask], dim=1)  # context, then the tree
-        mask = torch.zeros(1, 1, n, start + n, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        mask = torch.zeros(1, 1, n, start + n, dtype=dtype).masked_fill(~layout.visible(start), torch.finfo(dtype).min)
         out = self.model(
             input_ids=ids.to(self.device)[None], position_ids=(start + layout.depth).to(self.device)[None],
             attention_mask=mask.to(self.device), past_key_values=self.cache, use_cache=True,

@@ -183,7 +183,7 @@ class Decoder:
                 if tree is None:
                     allowed = k_pos <= q_pos
                 else:  # the context before the root, then the tree's own rows as the layout allows
-                    allowed = torch.cat([torch.ones(n, start - lo, dtype=torch.bool), tree.mask], dim=1).to(cache.device)
+                    allowed = tree.visible(start - lo).to(cache.device)
                 if window is not None:
                     allowed &= k_pos > q_pos - window
                 masks[window] = allowed  # (n, end - lo)

@@ -58,6 +58,11 @@ class TreeLayout:
     depth: torch.Tensor  # (n + 1,)
     mask: torch.Tensor  # (n + 1, n + 1) bool
 
+    def visible(self, context: int) -> torch.Tensor:
+        """(n + 1, context + n + 1) boolean: what each row sees of `context` earlier positions
+        (all of them) followed by the tree's own rows."""
+        return torch.cat([torch.ones(self.mask.shape[0], context, dtype=torch.bool), self.mask], dim=1)
+
     @staticmethod
     def of(parents: torch.Tensor) -> TreeLayout:
         check_parents(parents)
