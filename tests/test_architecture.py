@@ -11,7 +11,7 @@ LAYERS = [
     {"__main__"},
     {"cli"},
     {"server", "bench", "training", "conformance"},
-    {"api"},
+    {"api", "batching"},
     {"engine"},
     {"drafters"},
     {"rejection", "gamma", "metrics", "exactness"},

@@ -211,10 +211,10 @@ def test_queue_full_429_and_disconnect_frees_slot(tiny_dirs):
         for t in threads:
             t.join()
         assert all(res.status_code == 200 for res in results.values())
-        # the second long request found a deep queue: served without speculation
-        spec = [res.json()["speculation"]["enabled"] for res in results.values()]
-        assert False in spec
-        assert metric_values(base)["specdec_speculation_disabled_total"] >= 1
+        # both ran in one batch, which had reached --spec-off-depth: gamma=auto drafted nothing while they shared it
+        values = metric_values(base)
+        assert values["specdec_speculation_disabled_total"] >= 1
+        assert values["specdec_batch_size_sum"] > values["specdec_batch_size_count"]  # some steps ran both
     finally:
         proc.terminate()
         proc.wait(timeout=30)

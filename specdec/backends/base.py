@@ -12,6 +12,9 @@ cache already holds (the same prompt sampled again, a chat that grows turn by tu
 Backends that can (`supports_trees`) also score a token tree in one pass (`forward_tree`: each
 node sees the context and its ancestors) and keep just the accepted path (`keep_path`).
 
+A backend that can (`can_fork`) makes more sequences on the same weights (`fork`), and
+`forward_many` runs one step of several of them in one pass: continuous batching in the server.
+
 For drafters that read the target's features (EAGLE, Medusa) the engine turns on `record_hidden`:
 the backend then also keeps the last layer's output (after the final norm, the vector the LM head
 reads) of every position it holds, and `hidden(start, end)` returns them.
@@ -20,8 +23,23 @@ reads) of every position it holds, and `hidden(start, end)` returns them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass
+class Step:
+    """What one sequence adds in a pass: token ids, a tree's parents (None: a chain), and whether
+    its logits are wanted (a prompt being prefilled needs none)."""
+
+    ids: torch.Tensor
+    parents: torch.Tensor | None = None
+    wants_logits: bool = True
+
+    @property
+    def rows(self) -> int:
+        return self.ids.numel()
 
 
 class Backend(ABC):
@@ -143,18 +161,52 @@ class Backend(ABC):
 
     def prefill(self, ids: torch.Tensor) -> None:
         """Make the cache hold exactly `ids`, reusing the longest prefix it already holds."""
-        wanted = ids.tolist()
-        common = 0
-        for mine, theirs in zip(self.held, wanted):
-            if mine != theirs:
-                break
-            common += 1
+        common = self.reuse(ids)
+        if common < ids.numel():
+            self.append(ids[common:])
+
+    def reuse(self, ids: torch.Tensor) -> int:
+        """Keep the longest prefix of `ids` the cache holds (and can roll back to); return its length."""
+        common = self.common_prefix(ids)
         if common < self.oldest_reachable():
             self.reset()
             common = 0
         self.rollback(common)
-        if common < len(wanted):
-            self.forward(ids[common:])
+        return common
+
+    def common_prefix(self, ids: torch.Tensor) -> int:
+        """How many leading tokens of `ids` the cache holds."""
+        common = 0
+        for mine, theirs in zip(self.held, ids.tolist()):
+            if mine != theirs:
+                break
+            common += 1
+        return common
+
+    def append(self, ids: torch.Tensor) -> None:
+        """Append tokens without wanting their logits (a prompt); backends may skip the LM head."""
+        self.forward(ids)
+
+    can_fork: bool = False
+    """Whether `fork` makes another sequence on the same weights."""
+
+    def fork(self) -> Backend:
+        """A new, empty sequence sharing this one's weights (its own cache)."""
+        raise NotImplementedError(f"the {self.path} backend holds one sequence")
+
+    def forward_many(self, work: list[tuple[Backend, Step]]) -> list[torch.Tensor | None]:
+        """One step of each (sequence, step) pair, the sequences being this backend or its forks:
+        their logits (None where not wanted). Here one pass each; backends that batch override it."""
+        out = []
+        for sequence, step in work:
+            if step.parents is not None:
+                out.append(sequence.forward_tree(step.ids, step.parents))
+            elif step.wants_logits:
+                out.append(sequence.forward(step.ids))
+            else:
+                sequence.append(step.ids)
+                out.append(None)
+        return out
 
     def oldest_reachable(self) -> int:
         """The shortest length `rollback` can still reach exactly (caches that forget, such as

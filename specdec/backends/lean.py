@@ -26,15 +26,16 @@ architectures it does not know run on the transformers backend instead (`make_ba
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
 
 from ..config import BACKENDS
 from ..errors import SpecdecError
-from ..modeling import KERNEL_ROWS, Arch, Decoder, LayerWeights, RopeTable, kernels, rotary_module_angles
+from ..modeling import KERNEL_ROWS, Arch, Decoder, LayerWeights, RopeTable, Segment, kernels, rotary_module_angles
 from ..modeling.packing import can_pack, pack, packed_linear
-from .base import Backend
+from .base import Backend, Step
 
 SUPPORTED = ("llama", "gemma3_text")
 
@@ -132,16 +133,55 @@ class LeanBackend(Backend):
         self.decoder.keep(self.cache, start, slots)
 
     @torch.inference_mode()
-    def _forward(self, ids: torch.Tensor, start: int, tree=None) -> torch.Tensor:
-        h = self.embed[ids.to(self.device)]  # (n, d)
-        if self.embed_scale is not None:
-            h = h * self.embed_scale
-        features = self.decoder.norm(self.decoder.run(h, start, self.cache, tree), self.final_norm)
+    def _forward(self, ids: torch.Tensor, start: int, tree=None, logits: bool = True) -> torch.Tensor | None:
+        features = self.decoder.norm(self.decoder.run(self._embed(ids), start, self.cache, tree), self.final_norm)
         self._store_hidden(start, features)
+        return self._logits(features) if logits else None
+
+    def append(self, ids: torch.Tensor) -> None:
+        self._forward(ids, self.length, logits=False)  # a prompt: no LM head (49152 x 576 a row for SmolLM2)
+        self.held.extend(ids.tolist())
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed[ids.to(self.device)]  # (n, d)
+        return h * self.embed_scale if self.embed_scale is not None else h
+
+    def _logits(self, features: torch.Tensor) -> torch.Tensor:
         logits = self.decoder.project(features, self.lm_head).float()  # (n, V)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+    can_fork = True
+
+    def fork(self) -> LeanBackend:
+        twin = copy.copy(self)  # the weights, RoPE tables and decoder are shared
+        Backend.__init__(twin)
+        twin.cache = self.decoder.new_cache(self.max_length)
+        return twin
+
+    @torch.inference_mode()
+    def forward_many(self, work: list[tuple[Backend, Step]]) -> list[torch.Tensor | None]:
+        """Several sequences' steps (chains, trees, prompt chunks) in one pass on ATen: the linear
+        layers read the weights once for all their rows, attention runs per sequence."""
+        if len(work) < 2:
+            return super().forward_many(work)
+        from ..modeling.tree import TreeLayout
+
+        segments = [Segment(sequence.cache, sequence.length, step.rows,
+                            None if step.parents is None else TreeLayout.of(step.parents)) for sequence, step in work]
+        h = self.decoder.run_many(self._embed(torch.cat([step.ids for _, step in work])), segments)
+        features = self.decoder.norm(h, self.final_norm).split([s.rows for s in segments])
+        for (sequence, step), segment, part in zip(work, segments, features):
+            sequence._store_hidden(segment.start, part)
+            sequence.held.extend(step.ids.tolist())
+        wanted = [i for i, (_, step) in enumerate(work) if step.wants_logits]
+        out: list[torch.Tensor | None] = [None] * len(work)
+        if wanted:
+            logits = self._logits(torch.cat([features[i] for i in wanted]))
+            for i, part in zip(wanted, logits.split([segments[i].rows for i in wanted])):
+                out[i] = part
+        return out
 
 
 def make_backend(model, prefer: str = "auto") -> Backend:

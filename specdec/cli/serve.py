@@ -16,8 +16,8 @@ def run(args: argparse.Namespace) -> int:
     from ..api import SpecDec
     from ..server.app import LOOPBACK_HOSTS, create_app
 
-    for name in ("max_queue", "spec_off_depth", "max_body_bytes"):
-        if getattr(args, name) < 1:
+    for name in ("max_queue", "spec_off_depth", "max_body_bytes", "max_batch", "row_budget"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SpecdecError(f"--{name.replace('_', '-')} must be >= 1")
     api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
     if args.allowed_hosts:
@@ -29,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     sd.generate([sd.tokenizer.eos_token_id or 0], max_new_tokens=2, gamma=0)  # warm-up before the first client
     app = create_app(sd, args.served_model_name or args.target, api_key=api_key, max_queue=args.max_queue,
                      spec_off_depth=args.spec_off_depth, max_body_bytes=args.max_body_bytes, gamma=args.gamma,
-                     allowed_hosts=allowed, cors_origins=tuple(args.cors_origins or ()))
+                     allowed_hosts=allowed, cors_origins=tuple(args.cors_origins or ()), max_batch=args.max_batch,
+                     row_budget=args.row_budget)
     print(f"specdec serving {args.target} (drafter {args.drafter}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
@@ -51,8 +52,15 @@ def register(sub) -> None:
     serve.add_argument("--served-model-name", default=None, help="the model id clients use (default: --target)")
     serve.add_argument("--gamma", type=gamma, default="auto", help="default gamma for requests (default: auto)")
     serve.add_argument("--max-queue", type=int, default=16, help="requests waiting or running before 429 (default: 16)")
-    serve.add_argument("--spec-off-depth", type=int, default=4,
-                       help="queue depth at which new requests are served without speculation (default: 4)")
+    serve.add_argument("--max-batch", type=int, default=8,
+                       help="requests decoded together, one target pass a step for all (default: 8; 1 on backends "
+                            "that hold one sequence, such as transformers)")
+    serve.add_argument("--row-budget", type=int, default=16,
+                       help="positions a step scores before gamma=auto requests draft less: each may draft "
+                            "row_budget / running - 1 tokens (default: 16)")
+    serve.add_argument("--spec-off-depth", type=int, default=None,
+                       help="running requests from which gamma=auto requests do not speculate at all "
+                            "(default: only the row budget limits it)")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default: 1 MiB)")
     serve.add_argument("--log-level", default="warning")
     serve.set_defaults(handler=run)

@@ -7,6 +7,7 @@ were drawn from, or None for a deterministic drafter, whose q is a point mass) a
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -60,6 +61,13 @@ class Drafter(ABC):
 
     def bind(self, target) -> None:
         """The engine's target Backend; drafters that read its features (eagle, medusa) keep it."""
+
+    def fork(self) -> Drafter:
+        """A drafter for another sequence (a batch runs one per sequence): it shares this one's
+        weights and any cross-request state (the suffix drafter's history), and none of the state
+        of the sequence it drafts for (a cache). Bind it to its own target sequence. Drafters with
+        per-sequence state copy it here; NotImplementedError where that cannot be done."""
+        return copy.copy(self)
 
     def for_sampling(self, sampling: SamplingParams) -> Drafter:
         """The drafter that serves a generation with these sampling settings: itself, unless it

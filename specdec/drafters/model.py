@@ -43,6 +43,11 @@ class ModelDrafter(Drafter):
         pad = logits.new_full((*logits.shape[:-1], width - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
+    def fork(self) -> ModelDrafter:
+        twin = super().fork()
+        twin.backend = self.backend.fork()  # its own cache on the same weights
+        return twin
+
     def begin(self, prompt: torch.Tensor) -> None:
         self.backend.prefill(prompt[:-1])
 

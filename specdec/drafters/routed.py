@@ -26,6 +26,9 @@ class ByTemperature(Drafter):
         self.sampled.bind(target)
         self.name = f"{self.greedy.name} at T=0, {self.sampled.name} at T>0"  # binding may settle a name
 
+    def fork(self) -> ByTemperature:
+        return ByTemperature(self.greedy.fork(), self.sampled.fork())
+
     def for_sampling(self, sampling: SamplingParams) -> Drafter:
         return self.greedy if sampling.greedy else self.sampled
 

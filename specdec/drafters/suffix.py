@@ -78,6 +78,11 @@ class SuffixDrafter(PromptLookupTreeDrafter):
         self.history = history if history is not None else SequenceHistory()
         self._last: torch.Tensor | None = None  # the latest context of the sequence in progress
 
+    def fork(self) -> SuffixDrafter:
+        twin = super().fork()  # the history is shared: every sequence learns from every other
+        twin._last = None
+        return twin
+
     def begin(self, prompt: torch.Tensor) -> None:
         """A new sequence: the one before it (as far as it was drafted for) joins the history."""
         if self._last is not None:

@@ -186,6 +186,11 @@ class DraftLMBackend(Backend):
     def _rollback(self, length: int) -> None:
         self.cache.length = length
 
+    can_fork = True
+
+    def fork(self) -> DraftLMBackend:
+        return DraftLMBackend(self.net, self.vocab_size)
+
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         logits = self.net.lm(ids.to(self.device)[None], self.cache, start)[0].float()  # (n, |S|)
@@ -203,6 +208,11 @@ class EagleDrafter(Drafter):
 
     def bind(self, target: Backend) -> None:
         self.target = target
+
+    def fork(self) -> EagleDrafter:
+        twin = super().fork()
+        twin.cache = self.net.new_cache()
+        return twin
 
     def begin(self, prompt: torch.Tensor) -> None:
         self.cache = self.net.new_cache()

@@ -63,6 +63,24 @@ class LayerWeights:
     """Sliding window, None for full attention."""
 
 
+@dataclass
+class Segment:
+    """One sequence's rows in a pass: `rows` new positions from `start` on, written into `cache`
+    (with a tree layout, row i sits at start + depth and sees its ancestors)."""
+
+    cache: KVCache
+    start: int
+    rows: int
+    tree: TreeLayout | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + self.rows
+
+    def positions(self) -> torch.Tensor:
+        return torch.arange(self.start, self.end) if self.tree is None else self.start + self.tree.depth
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, arch: Arch) -> torch.Tensor:
     """RMSNorm rounded as transformers does: Gemma multiplies by (1 + w) in float32 before casting,
     Llama by w after casting."""
@@ -99,6 +117,14 @@ def layer_aten(h: torch.Tensor, w: LayerWeights, arch: Arch, cos: torch.Tensor, 
     if arch.gemma:
         m = rms_norm(m, w.norms["mlp_out"], arch)
     return h + m
+
+
+def _split_attend(attends: list[Attend], rows: list[int]) -> Attend:
+    """One Attend over rows stacked by segment: each segment's queries, keys and values go to its own."""
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        parts = zip(attends, q.split(rows, dim=2), k.split(rows, dim=2), v.split(rows, dim=2))
+        return torch.cat([one(qi, ki, vi) for one, qi, ki, vi in parts], dim=2)
+    return attend
 
 
 def causal_attend(arch: Arch) -> Attend:
@@ -145,54 +171,71 @@ class Decoder:
         """h (T, d) at positions start..start+T-1 through every layer; writes their keys and values
         into cache slots start..start+T-1 and sets its length to start + T. With a tree, row i sits
         at position start + depth and sees the cache before `start` and its own ancestors (ATen)."""
-        end = start + h.shape[0]
-        cache.ensure(end)
-        self.rope.ensure(end)
         if tree is None and self.on_kernels(h):
+            end = start + h.shape[0]
+            cache.ensure(end)
+            self.rope.ensure(end)
             h = h.contiguous()
             for i, layer in enumerate(self.layers):
                 h = layer_kernels(self.kernels, h, layer, self.arch, self.rope, cache, i, start)
-        else:
-            positions = torch.arange(start, end) if tree is None else start + tree.depth
-            masks: dict = {}
-            x = h[None]
-            for i, layer in enumerate(self.layers):
-                if tree is None:
-                    cos, sin = self.rope.span(layer.rope, start, end)
-                else:
-                    cos, sin = (table[positions.to(table.device)] for table in self.rope.full(layer.rope))
-                x = layer_aten(x, layer, self.arch, cos, sin, self.linear,
-                               self._cached_attend(cache, i, start, end, layer.window, masks, positions, tree))
-            h = x[0]
-        cache.length = end
-        return h
+            cache.length = end
+            return h
+        return self.run_many(h, [Segment(cache, start, h.shape[0], tree)])
 
-    def _cached_attend(self, cache: KVCache, index: int, start: int, end: int, window: int | None, masks: dict,
-                       positions: torch.Tensor, tree: TreeLayout | None) -> Attend:
-        """Write the new keys and values at slots start..end-1, then attend to the cache slots each
-        query may see: earlier positions within the window, and (in a tree) its ancestors. The mask
-        is built once per window size and pass."""
+    def run_many(self, h: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+        """Several sequences in one pass (ATen): h (R, d) holds each segment's rows in turn. The
+        linear layers see all R rows at once (one read of the weights for every sequence);
+        attention runs per segment over its own cache. Each segment is written into its cache as
+        `run` would, and the cache's length set to the segment's end."""
+        if sum(s.rows for s in segments) != h.shape[0]:
+            raise ValueError(f"the segments hold {sum(s.rows for s in segments)} rows, h has {h.shape[0]}")
+        for s in segments:
+            s.cache.ensure(s.end)
+            self.rope.ensure(s.end)
+        single = len(segments) == 1 and segments[0].tree is None
+        positions = torch.cat([s.positions() for s in segments])
+        masks: dict = {}
+        x = h[None]
+        for i, layer in enumerate(self.layers):
+            if single:
+                cos, sin = self.rope.span(layer.rope, segments[0].start, segments[0].end)
+            else:
+                cos, sin = (table[positions.to(table.device)] for table in self.rope.full(layer.rope))
+            attends = [self._cached_attend(s, i, layer.window, masks, j) for j, s in enumerate(segments)]
+            x = layer_aten(x, layer, self.arch, cos, sin, self.linear, attends[0] if len(attends) == 1
+                           else _split_attend(attends, [s.rows for s in segments]))
+        for s in segments:
+            s.cache.length = s.end
+        return x[0]
+
+    def _cached_attend(self, segment: Segment, index: int, window: int | None, masks: dict, key: int) -> Attend:
+        """Write the segment's new keys and values at slots start..end-1 of its cache, then attend to
+        the slots each query may see: earlier positions within the window, and (in a tree) its
+        ancestors. The mask is built once per segment, window size and pass."""
+        cache, start, end, tree = segment.cache, segment.start, segment.end, segment.tree
         lo = 0 if window is None else max(0, start - window + 1)
-        if window not in masks:
+        if (key, window) not in masks:
             n = end - start
             if tree is None and n == 1 and (window is None or end - lo <= window):
-                masks[window] = None
+                masks[key, window] = None
             else:
-                q_pos = positions.to(cache.device)[:, None]  # (n, 1)
-                k_pos = torch.cat([torch.arange(lo, start, device=cache.device), positions.to(cache.device)])[None]
+                positions = segment.positions().to(cache.device)
+                q_pos = positions[:, None]  # (n, 1)
+                k_pos = torch.cat([torch.arange(lo, start, device=cache.device), positions])[None]
                 if tree is None:
                     allowed = k_pos <= q_pos
                 else:  # the context before the root, then the tree's own rows as the layout allows
                     allowed = tree.visible(start - lo).to(cache.device)
                 if window is not None:
                     allowed &= k_pos > q_pos - window
-                masks[window] = allowed  # (n, end - lo)
+                masks[key, window] = allowed  # (n, end - lo)
+        mask = masks[key, window]
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             cache.k[index][:, start:end] = k[0]
             cache.v[index][:, start:end] = v[0]
             keys, values = cache.k[index][None, :, lo:end], cache.v[index][None, :, lo:end]
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=masks[window], scale=self.arch.scale,
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.arch.scale,
                                                   enable_gqa=self.arch.n_kv != self.arch.n_heads)
         return attend
 

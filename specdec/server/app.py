@@ -120,13 +120,16 @@ class Guard:
         return await self.app(scope, receive, send)
 
 
-def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int = 16, spec_off_depth: int = 4,
+def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int = 16, spec_off_depth: int | None = None,
                max_body_bytes: int = 1 << 20, gamma="auto", default_chat_tokens: int = 512,
-               allowed_hosts: tuple[str, ...] | None = None, cors_origins: tuple[str, ...] = ()) -> FastAPI:
-    """The app around a loaded SpecDec; one worker thread runs the model."""
+               allowed_hosts: tuple[str, ...] | None = None, cors_origins: tuple[str, ...] = (), max_batch: int = 8,
+               row_budget: int = 16) -> FastAPI:
+    """The app around a loaded SpecDec; one worker thread runs the model, batching up to
+    `max_batch` requests a step (see specdec.batching for row_budget and spec_off_depth)."""
     metrics = ServerMetrics()
     tokenizer_lock = threading.Lock()
-    worker = Worker(sd, metrics, max_queue, tokenizer_lock)
+    worker = Worker(sd, metrics, max_queue, tokenizer_lock, max_batch=max_batch, row_budget=row_budget,
+                    spec_off_at=spec_off_depth)
     context = sd.engine.target.max_length
     app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding")
     app.state.worker = worker
@@ -202,10 +205,8 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
             # a seeded request draws by noise keyed by (seed, position): the same answer streamed or not, alone or
             # under load, with or without speculation
             sampling = SamplingParams.for_request(body.temperature, body.top_k, body.top_p, body.seed)
+            # gamma="auto" drafts less as the batch fills (specdec.batching); a request's own gamma stands
             request_gamma = gamma if body.gamma is None else body.gamma
-            if body.gamma is None and worker.current_depth() >= spec_off_depth and request_gamma != 0:
-                request_gamma = 0  # the queue is deep: compute is the bottleneck (a request's own gamma stands)
-                metrics.speculation_off.inc()
             spec = SpecConfig(gamma=request_gamma, max_new_tokens=max_tokens, stop_at_eos=not body.ignore_eos)
         except SpecdecError as exc:
             raise APIError(400, str(exc)) from None

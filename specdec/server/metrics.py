@@ -22,8 +22,11 @@ class ServerMetrics:
         self.cancelled = Counter("specdec_requests_cancelled", "Generations stopped because the client left", registry=r)
         self.rejected = Counter("specdec_requests_rejected", "Requests refused with 429 because the queue was full",
                                 registry=r)
-        self.speculation_off = Counter("specdec_speculation_disabled", "Requests served without speculation "
-                                       "because the queue was deep", registry=r)
+        self.speculation_off = Counter("specdec_speculation_disabled", "Batch steps in which requests with gamma=auto "
+                                       "did not speculate (the batch had reached --spec-off-depth or the row budget)",
+                                       registry=r)
+        self.batch_size = Histogram("specdec_batch_size", "Requests sharing a step (one target pass)",
+                                    buckets=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64), registry=r)
         self.queue_depth = Gauge("specdec_queue_depth", "Requests waiting or running", registry=r)
         self.running = Gauge("specdec_requests_running", "Requests generating now", registry=r)
         self.waiting = Gauge("specdec_requests_waiting", "Requests waiting for the model", registry=r)

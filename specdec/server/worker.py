@@ -1,11 +1,12 @@
-"""One worker thread runs the model; requests wait for it in a bounded queue.
+"""One worker thread runs the model: a continuous batch of the running requests, fed from a
+bounded queue.
 
-Batch size one is the regime speculative decoding is for, so requests are served one at a time in
-arrival order, each with its own seeded generator (no cross-talk). The HTTP side talks to a job
-through an asyncio queue of events: ("text", piece), then ("done", summary), ("cancelled", None) or
-("error", message). A job whose client left is flagged; the worker skips it if it is still queued
-and stops its generation at the next round if it runs. A job's queue slot is free before its last
-event is sent, so a client that asks again at once finds room.
+Each step the worker admits waiting requests while the batch has room, drops those whose client
+left, and runs one batch step (`specdec.batching`: one target pass for every running request, each
+with its own drafts, cache and generator). The HTTP side talks to a job through an asyncio queue of
+events: ("text", piece), then ("done", summary), ("cancelled", None) or ("error", message). A
+job's queue slot is free before its last event is sent, so a client that asks again at once finds
+room.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..batching import Batch, Member
 from ..config import SamplingParams, SpecConfig
 from ..text import TextStream
 
@@ -30,6 +32,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    started: float | None = None
     first_text: float | None = None
 
     def emit(self, kind: str, payload) -> None:
@@ -44,25 +47,80 @@ def find_stop(text: str, stops: list[str]) -> int | None:
     return min(hits) if hits else None
 
 
+class Output:
+    """A running job's text: decoded as tokens arrive, sent on as far as no stop string can still
+    begin in it, cut at the first stop string."""
+
+    def __init__(self, job: Job, tokenizer, tokenizer_lock: threading.Lock):
+        self.job, self.tokenizer, self.lock = job, tokenizer, tokenizer_lock
+        self.text = TextStream(tokenizer)
+        self.full, self.sent = "", 0
+        self.stopped_at: int | None = None  # characters through the end of the stop string
+        self.hold = max((len(s) for s in job.stops), default=1) - 1  # a stop string may straddle two chunks
+
+    def push(self, tokens: list[int]) -> bool:
+        """Take a round's tokens; True when a stop string has ended the answer."""
+        with self.lock:
+            self.full += self.text.push(tokens)
+        stop_at = find_stop(self.full, self.job.stops)
+        if stop_at is not None:
+            stop = next(s for s in self.job.stops if self.full.startswith(s, stop_at))
+            self.stopped_at = stop_at + len(stop)
+            self.full = self.full[:stop_at]
+            return True
+        safe = len(self.full) - self.hold
+        if safe > self.sent:
+            self.job.emit("text", self.full[self.sent : safe])
+            self.sent = safe
+        return False
+
+    def flush(self) -> None:
+        if len(self.full) > self.sent:
+            self.job.emit("text", self.full[self.sent :])
+            self.sent = len(self.full)
+
+    def completion_tokens(self, tokens: list[int]) -> int:
+        """Tokens the answer used: all of them, or the fewest whose text reaches the end of the stop
+        string (tokens generated after it in the same round are not counted)."""
+        if self.stopped_at is None:
+            return len(tokens)
+        low, high = 1, len(tokens)
+        with self.lock:
+            while low < high:
+                middle = (low + high) // 2
+                if len(self.tokenizer.decode(tokens[:middle], skip_special_tokens=True)) >= self.stopped_at:
+                    high = middle
+                else:
+                    low = middle + 1
+        return low
+
+
 class Worker:
-    def __init__(self, sd, metrics, max_queue: int, tokenizer_lock: threading.Lock):
+    def __init__(self, sd, metrics, max_queue: int, tokenizer_lock: threading.Lock, max_batch: int = 8,
+                 row_budget: int = 16, spec_off_at: int | None = None, prefill_chunk: int = 128):
         self.sd = sd
         self.metrics = metrics
         self.max_queue = max_queue
         self.tokenizer_lock = tokenizer_lock
+        self.batch = Batch(sd.engine, max_batch=max_batch, row_budget=row_budget, prefill_chunk=prefill_chunk,
+                           spec_off_at=spec_off_at)
         self.jobs: queue.Queue[Job] = queue.Queue()
-        self.depth = 0
+        self.depth = 0  # waiting or running
+        self.running: dict[Member, Output] = {}
         self._lock = threading.Lock()
         self.seconds_per_request: float | None = None  # running mean of served requests, for Retry-After
-        self.running_since: float | None = None
         self.thread = threading.Thread(target=self._loop, name="specdec-worker", daemon=True)
         self.thread.start()
 
-    def _gauges(self, running: int) -> None:
+    @property
+    def max_batch(self) -> int:
+        return self.batch.max_batch
+
+    def _gauges(self) -> None:
         """Call with the lock held."""
         self.metrics.queue_depth.set(self.depth)
-        self.metrics.running.set(running)
-        self.metrics.waiting.set(self.depth - running)
+        self.metrics.running.set(len(self.running))
+        self.metrics.waiting.set(self.depth - len(self.running))
 
     def submit(self, job: Job) -> bool:
         """Queue a job; False when the queue is full."""
@@ -70,7 +128,7 @@ class Worker:
             if self.depth >= self.max_queue:
                 return False
             self.depth += 1
-            self._gauges(int(self.running_since is not None))
+            self._gauges()
         self.jobs.put(job)
         return True
 
@@ -79,87 +137,85 @@ class Worker:
             return self.depth
 
     def retry_after(self) -> int:
-        """Seconds until a queue slot is likely free: what the running request has left of the
-        mean request time (a slot frees when it ends)."""
+        """Seconds until a queue slot is likely free: a slot frees when a running request ends, so
+        what the oldest running request has left of the mean request time."""
         mean = self.seconds_per_request if self.seconds_per_request is not None else 1.0
-        since = self.running_since
-        elapsed = time.perf_counter() - since if since is not None else 0.0
+        with self._lock:
+            starts = [out.job.started for out in self.running.values() if out.job.started is not None]
+        elapsed = time.perf_counter() - min(starts) if starts else 0.0
         return max(1, round(mean - elapsed))
+
+    def _finish(self, job: Job, last: tuple[str, object], member: Member | None = None) -> None:
+        """Free the job's slot, then send its last event."""
+        with self._lock:
+            self.depth -= 1
+            if member is not None:
+                self.running.pop(member, None)
+            self._gauges()
+        job.emit(*last)
 
     def _loop(self) -> None:
         while True:
-            job = self.jobs.get()
-            with self._lock:
-                start = self.running_since = time.perf_counter()
-                self._gauges(1)
-            last = ("cancelled", None)
-            try:
-                if job.cancelled.is_set():
+            self._admit(block=not self.running)
+            for member, out in list(self.running.items()):
+                if out.job.cancelled.is_set():
+                    self.batch.cancel(member)
                     self.metrics.cancelled.inc()
-                else:
-                    self.metrics.queue_wait.observe(start - job.submitted)
-                    last = self._run(job)
-                    if job.first_text is not None:
-                        self.metrics.time_to_first_token.observe(job.first_text - job.submitted)
-                    self.metrics.request_seconds.observe(time.perf_counter() - job.submitted)
-                    took = time.perf_counter() - start
-                    mean = self.seconds_per_request
-                    self.seconds_per_request = took if mean is None else 0.8 * mean + 0.2 * took
-            except Exception as exc:  # a bug must not kill the worker; the client gets a 500 body
-                last = ("error", f"{type(exc).__name__}: {exc}")
-            finally:
-                with self._lock:
-                    self.running_since = None
-                    self.depth -= 1
-                    self._gauges(0)
-                job.emit(*last)
+                    self._finish(out.job, ("cancelled", None), member)
+            if not self.running:
+                continue
+            self.metrics.batch_size.observe(len(self.running))
+            try:
+                emitted = self.batch.step()
+            except Exception as exc:  # a bug must not kill the worker: the running requests get a 500 body
+                for member, out in list(self.running.items()):
+                    self.batch.cancel(member)
+                    self._finish(out.job, ("error", f"{type(exc).__name__}: {exc}"), member)
+                continue
+            if self.batch.gamma_cap(len(self.running)) == 0:
+                self.metrics.speculation_off.inc()
+            for member, tokens in emitted:
+                out = self.running.get(member)
+                if out is not None and out.stopped_at is None and out.push(tokens):
+                    self.batch.cancel(member)  # its stop string ended it
+            for member, out in list(self.running.items()):
+                if member.done:
+                    self._done(member, out)
 
-    def _run(self, job: Job) -> tuple[str, object]:
-        """Generate, streaming text events; returns the last event for the loop to send once the
-        slot is free."""
-        run = self.sd.engine.generate(job.prompt_ids, job.sampling, job.spec)
-        text = TextStream(self.sd.tokenizer)
-        full, sent, finish = "", 0, None
-        hold = max((len(s) for s in job.stops), default=1) - 1  # a stop string may straddle two chunks
-        for chunk in run:
-            if job.cancelled.is_set():
+    def _admit(self, block: bool) -> None:
+        """Move waiting jobs into the batch while it has room (wait for one when nothing runs)."""
+        while not self.batch.full:
+            try:
+                job = self.jobs.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if job.cancelled.is_set():  # its client left while it waited
                 self.metrics.cancelled.inc()
-                finish = "cancelled"
-                break
-            with self.tokenizer_lock:
-                full += text.push(chunk)
-            stop_at = find_stop(full, job.stops)
-            if stop_at is not None:
-                stop = next(s for s in job.stops if full.startswith(s, stop_at))
-                used = self._tokens_through(run.tokens, stop_at + len(stop))
-                full, finish = full[:stop_at], "stop"
-                break
-            safe = len(full) - hold
-            if safe > sent:
-                job.emit("text", full[sent:safe])
-                sent = safe
-        else:
-            used = None
-        run.close()
-        if finish == "cancelled":
-            return "cancelled", None
-        if len(full) > sent:
-            job.emit("text", full[sent:])
-        stats = run.stats
-        self.metrics.record_generation(stats)
-        completion = stats.new_tokens if used is None else used
-        return "done", {"finish_reason": finish or stats.finish_reason, "prompt_tokens": len(job.prompt_ids),
-                        "completion_tokens": completion, "stats": stats}
+                self._finish(job, ("cancelled", None))
+                continue
+            try:
+                member = self.batch.add(job.prompt_ids, job.sampling, job.spec)
+            except Exception as exc:
+                self._finish(job, ("error", f"{type(exc).__name__}: {exc}"))
+                continue
+            job.started = time.perf_counter()
+            self.metrics.queue_wait.observe(job.started - job.submitted)
+            with self._lock:
+                self.running[member] = Output(job, self.sd.tokenizer, self.tokenizer_lock)
+                self._gauges()
 
-    def _tokens_through(self, tokens: list[int], chars: int) -> int:
-        """The fewest generated tokens whose text reaches `chars` characters: what the answer used
-        up to the end of its stop string (tokens generated after it in the same round are not counted)."""
-        low, high = 1, len(tokens)
-        with self.tokenizer_lock:
-            while low < high:
-                middle = (low + high) // 2
-                if len(self.sd.tokenizer.decode(tokens[:middle], skip_special_tokens=True)) >= chars:
-                    high = middle
-                else:
-                    low = middle + 1
-        return low
+    def _done(self, member: Member, out: Output) -> None:
+        job, stats = out.job, member.stats
+        out.flush()
+        now = time.perf_counter()
+        if job.first_text is not None:
+            self.metrics.time_to_first_token.observe(job.first_text - job.submitted)
+        self.metrics.request_seconds.observe(now - job.submitted)
+        took = now - job.started
+        mean = self.seconds_per_request
+        self.seconds_per_request = took if mean is None else 0.8 * mean + 0.2 * took
+        self.metrics.record_generation(stats)
+        finish = "stop" if out.stopped_at is not None else stats.finish_reason
+        self._finish(job, ("done", {"finish_reason": finish, "prompt_tokens": len(job.prompt_ids),
+                                    "completion_tokens": out.completion_tokens(member.tokens), "stats": stats}), member)
