@@ -1,14 +1,14 @@
 """The server under concurrent load, as users drive it: the official openai client against a real
 `specdec serve` on loopback (issue 14's goals).
 
-1. Throughput: 1, 4 and 8 concurrent clients, each streaming chat completions (96 tokens, T=0, the
-   same prompts in every group); total tokens/s, p50 time per output token and time to first token.
+1. Throughput: 1, 4 and 8 concurrent clients, each streaming chat completions (96 tokens, T=0; every
+   group serves the same 16 prompts, four of each task); total tokens/s, p50 time per output token and time to first token.
    One client also with speculation off (gamma 0), to show what speculation adds at low load.
 2. A mixed load: 16 clients x 200 requests (streamed and not, seeded and greedy, one in ten
    abandoned by its client): lost, crossed and hung requests, and every answer compared with the
    same request run alone on an idle server.
 
-    .venv/bin/python scripts/bench_serve.py [--port 8766] [--max-batch 8] [--out docs/results/serve-load.txt]
+    .venv/bin/python scripts/bench_serve.py [--port 8766] [--max-batch 8] [--row-budget 16] [--out docs/results/serve-load.txt]
 """
 
 import argparse
@@ -61,10 +61,11 @@ def stream_chat(client: OpenAI, text: str, gamma, max_tokens: int = 96) -> dict:
     return {"seconds": end - start, "tokens": tokens, "ttft": (first or end) - start}
 
 
-def throughput(base: str, prompts: list[str], clients: int, per_client: int, gamma) -> dict:
+def throughput(base: str, prompts: list[str], clients: int, gamma) -> dict:
+    """Every group serves the same prompts: client i takes prompts i, i + clients, ..."""
     def worker(i):
         client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
-        return [stream_chat(client, prompts[(i * per_client + j) % len(prompts)], gamma) for j in range(per_client)]
+        return [stream_chat(client, text, gamma) for text in prompts[i::clients]]
 
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -134,13 +135,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--max-batch", type=int, default=8)
-    parser.add_argument("--per-client", type=int, default=3)
+    parser.add_argument("--row-budget", type=int, default=16)
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per task (code, summarise, translate, chat)")
     parser.add_argument("--mixed", type=int, default=200, help="requests in the mixed load (0: skip it)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     base = f"http://127.0.0.1:{args.port}"
     proc = subprocess.Popen([sys.executable, "-m", "specdec", "serve", "--port", str(args.port), "--max-queue", "64",
-                             "--max-batch", str(args.max_batch)])
+                             "--max-batch", str(args.max_batch), "--row-budget", str(args.row_budget)])
     lines = []
 
     def say(line: str) -> None:
@@ -149,18 +151,22 @@ def main() -> None:
 
     try:
         wait_ready(base, proc)
-        prompts = [p.text for task in ("code", "summarise", "translate", "chat") for p in task_prompts(task, 3, seed=7)]
+        tasks = ("code", "summarise", "translate", "chat")
+        prompts = [p.text for task in tasks for p in task_prompts(task, args.prompts, seed=7)]
         stream_chat(OpenAI(base_url=base + "/v1", api_key="unused"), prompts[0], "auto", 8)  # warm-up
-        say(f"specdec serve --max-batch {args.max_batch}; openai client, streamed chat, 96 tokens, T=0, ignore_eos")
-        say("| clients | gamma | requests | total tokens/s | vs 1 client | p50 time per output token | p50 TTFT |")
-        say("|---|---|---|---|---|---|---|")
-        one = None
+        say(f"specdec serve --max-batch {args.max_batch} --row-budget {args.row_budget}; openai client, "
+            "streamed chat, 96 tokens, T=0, ignore_eos")
+        say("| clients | gamma | requests | total tokens/s | vs 1 client (auto) | vs 1 client (plain) "
+            "| p50 time per output token | p50 TTFT |")
+        say("|---|---|---|---|---|---|---|---|")
+        one = plain = None
         for clients, gamma in ((1, 0), (1, "auto"), (4, "auto"), (8, "auto")):
-            r = throughput(base, prompts, clients, args.per_client, gamma)
-            if clients == 1 and gamma == "auto":
-                one = r
+            r = throughput(base, prompts, clients, gamma)
+            if clients == 1:
+                one, plain = (r, plain) if gamma == "auto" else (one, r)
             ratio = f"{r['tokens_per_s'] / one['tokens_per_s']:.2f}x" if one else "-"
-            say(f"| {clients} | {gamma} | {r['requests']} | {r['tokens_per_s']:.1f} | {ratio} | "
+            ratio_plain = f"{r['tokens_per_s'] / plain['tokens_per_s']:.2f}x"
+            say(f"| {clients} | {gamma} | {r['requests']} | {r['tokens_per_s']:.1f} | {ratio} | {ratio_plain} | "
                 f"{r['p50_tpot_ms']:.0f} ms | {r['p50_ttft_ms']:.0f} ms |")
         if args.mixed:
             m = mixed_load(base, prompts, 16, args.mixed)

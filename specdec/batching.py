@@ -12,9 +12,10 @@ and leave between steps, and long prompts are prefilled in chunks so they do not
 
 Every generation verifies with its own generator or its own drafter-invariant noise, so each one's
 law is exactly the target's, whatever runs beside it. How many drafts to propose is the gamma
-policy's choice, capped as the batch fills: a pass of b generations with k drafts each scores
-b(k + 1) rows, and beyond `row_budget` rows a pass costs about what the rows cost one by one
-(`gamma_cap`); requests that asked for a fixed gamma keep it.
+policy's and the drafter's choice, capped as the batch fills: a pass of b generations with k
+drafts (chain drafts or tree nodes) each scores b(k + 1) rows, and beyond `row_budget` rows a pass
+costs about what the rows cost one by one (`draft_cap`); requests that asked for a fixed gamma
+keep it.
 
 >>> # batch = Batch(engine, max_batch=8)
 >>> # a, b = batch.add(ids_a, SamplingParams(), SpecConfig()), batch.add(ids_b, ...)
@@ -125,8 +126,8 @@ class Batch:
         self.slots.append(Slot(sequence, drafter))
         return self.slots[-1]
 
-    def gamma_cap(self, running: int) -> int | None:
-        """The most drafts a gamma="auto" generation may propose when `running` share a step."""
+    def draft_cap(self, running: int) -> int | None:
+        """The most draft tokens a gamma="auto" generation may propose when `running` share a step."""
         if self.spec_off_at is not None and running >= self.spec_off_at:
             return 0
         if running < 2:
@@ -150,9 +151,9 @@ class Batch:
         proposes its next round. Returns the tokens emitted, by generation; generations that ended
         have `done` set and have left `members`."""
         emitted: list[tuple[Member, list[int]]] = []
-        cap = self.gamma_cap(len(self.members))
+        cap = self.draft_cap(len(self.members))
         for member in self.members:
-            member.limits.gamma_cap = cap
+            member.limits.max_drafts = cap
         for member in list(self.members):
             if member.pending is None:  # joined since the last step
                 self._advance(member, emitted)

@@ -56,10 +56,11 @@ class Pass:
 
 @dataclass
 class Limits:
-    """What a driver may change between rounds: the most drafts a round may propose (None: the
-    gamma policy decides alone). A batch lowers it as it fills."""
+    """What a driver may change between rounds: the most draft tokens (a chain's drafts, a tree's
+    nodes) a round of a gamma="auto" generation may propose (None: the gamma policy and the drafter
+    decide alone). A batch lowers it as it fills."""
 
-    gamma_cap: int | None = None
+    max_drafts: int | None = None
 
 
 Rounds = Iterator["list[int] | Pass"]
@@ -262,12 +263,15 @@ class SpeculativeEngine:
             while length < prompt.numel() + budget:
                 remaining = prompt.numel() + budget - length
                 gamma = policy.next(remaining - 1) if drafter is not None else 0
-                if limits is not None and limits.gamma_cap is not None and spec.gamma == "auto":
-                    gamma = min(gamma, limits.gamma_cap)
+                cap = limits.max_drafts if limits is not None and spec.gamma == "auto" else None
+                if cap is not None:
+                    gamma = min(gamma, cap)
                 t0 = time.perf_counter()
                 proposal = drafter.propose(context[:length], gamma, sampling, generator) if gamma else Proposal.empty()
                 if proposal.is_tree and not target.supports_trees:
                     proposal = proposal.first_chain()
+                if cap is not None:
+                    proposal = proposal.head(cap)  # a tree's nodes count against the batch's rows too
                 t1 = time.perf_counter()
                 if proposal.is_tree:
                     draft, verdict, rejected, scoring = yield from self._tree_round(target, proposal, context, length,

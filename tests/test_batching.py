@@ -118,13 +118,25 @@ def test_a_cancelled_generation_leaves_only_verified_context():
 def test_auto_gamma_drafts_less_as_the_batch_fills():
     target = tiny_llama(VOCAB, seed=0)
     batch = Batch(SpeculativeEngine(LeanBackend(target), PromptLookupDrafter()), max_batch=4, row_budget=8)
-    assert [batch.gamma_cap(n) for n in (1, 2, 4, 9)] == [None, 3, 1, 0]
+    assert [batch.draft_cap(n) for n in (1, 2, 4, 9)] == [None, 3, 1, 0]
     members = [batch.add(PROMPTS[1], SamplingParams(temperature=0), SpecConfig(gamma="auto", max_new_tokens=24))
                for _ in range(4)]
     while batch.members:
         batch.step()
     assert all(len(m.stats.position_tested) <= 1 for m in members)  # at most one draft a round
     assert all(m.stats.drafted > 0 for m in members)
+    # the last bigram has five continuations in the prompt: a tree of five or more nodes, capped at 12 // 3 - 1
+    branching = [1, 2, 3, 1, 2, 4, 1, 2, 5, 1, 2, 6, 1, 2, 7, 1, 2]
+    assert PromptLookupTreeDrafter().propose(torch.tensor(branching), 3, SamplingParams(), None).tokens.numel() >= 5
+    trees = Batch(SpeculativeEngine(LeanBackend(target), PromptLookupTreeDrafter()), max_batch=4, row_budget=12)
+    members = [trees.add(branching, SamplingParams(temperature=0), SpecConfig(gamma="auto", max_new_tokens=24))
+               for _ in range(3)]
+    rows = []
+    while trees.members:
+        trees.step()
+        rows += [m.pending.step.rows for m in trees.members if m.pending and m.pending.step.wants_logits]
+    assert max(rows) == 3 + 1  # a tree's nodes count against the rows too
+    assert any(m.stats.tree_rounds for m in members)
     off = Batch(SpeculativeEngine(LeanBackend(target), PromptLookupDrafter()), max_batch=4, spec_off_at=2)
     auto = [off.add(PROMPTS[1], SamplingParams(temperature=0), SpecConfig(gamma="auto", max_new_tokens=12))
             for _ in range(2)]

@@ -45,6 +45,15 @@ class Proposal:
         index = torch.tensor(path, dtype=torch.long)
         return Proposal(self.tokens[index], None if self.q is None else self.q[index])
 
+    def head(self, n: int) -> Proposal:
+        """The first n tokens: a chain's first n drafts, or the tree of its first n nodes (parents
+        come first, so any such prefix is a tree). Verifying it is exact as long as n does not
+        depend on the target's output."""
+        if self.tokens.numel() <= n:
+            return self
+        return Proposal(self.tokens[:n], None if self.q is None else self.q[:n],
+                        None if self.parents is None else self.parents[:n])
+
     @staticmethod
     def empty() -> Proposal:
         return Proposal(tokens=torch.zeros(0, dtype=torch.long))

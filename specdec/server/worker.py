@@ -172,7 +172,7 @@ class Worker:
                     self.batch.cancel(member)
                     self._finish(out.job, ("error", f"{type(exc).__name__}: {exc}"), member)
                 continue
-            if self.batch.gamma_cap(len(self.running)) == 0:
+            if self.batch.draft_cap(len(self.running)) == 0:
                 self.metrics.speculation_off.inc()
             for member, tokens in emitted:
                 out = self.running.get(member)
