@@ -32,7 +32,7 @@ import torch
 from .backends import Backend
 from .config import SamplingParams, SpecConfig
 from .drafters.base import Drafter
-from .engine import Limits, Pass, Rounds, SpeculativeEngine
+from .engine import Limits, Pass, Rounds, SpeculativeEngine, TokenLogprob
 from .errors import SpecdecError
 from .metrics import GenerationStats
 
@@ -55,6 +55,8 @@ class Member:
     stats: GenerationStats
     limits: Limits
     tokens: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+    """Each token's log-probabilities, when the sampling settings asked for them."""
     pending: Pass | None = None
     done: bool = False
 
@@ -100,6 +102,7 @@ class Batch:
         """Start a generation (it runs from the next step on). Input is checked here; a full batch
         is an error (check `full`)."""
         prompt = self.engine.check_prompt(prompt_ids)
+        self.engine.check_sampling(sampling)
         if self.full:
             raise SpecdecError(f"the batch is full ({self.max_batch} generations): wait for one to finish")
         slot = self._slot_for(prompt)
@@ -107,8 +110,10 @@ class Batch:
         slot.sequence.record_hidden = drafter is not None and drafter.reads_features
         stats = self.engine.new_stats(prompt, drafter, slot.sequence)
         limits = Limits()
-        rounds = self.engine.decode(slot.sequence, prompt, sampling, spec, drafter, stats, limits, self.prefill_chunk)
-        slot.member = Member(slot, rounds, stats, limits)
+        logprobs = [] if sampling.logprobs is not None else None
+        rounds = self.engine.decode(slot.sequence, prompt, sampling, spec, drafter, stats, limits, self.prefill_chunk,
+                                    logprobs)
+        slot.member = Member(slot, rounds, stats, limits, logprobs=logprobs)
         self.members.append(slot.member)
         return slot.member
 

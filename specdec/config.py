@@ -69,6 +69,19 @@ class SamplingParams:
     invariant speculative decoding); a draft is accepted when the target's draw at its position is
     the same token, with probability at least (1 - TV) / (1 + TV). Off: rejection sampling, whose
     acceptance is the larger 1 - TV but whose output depends on the drafts."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias) pairs added to the target's logits, as OpenAI's logit_bias (-100 bans a token)."""
+    presence_penalty: float = 0.0
+    """Subtracted from the logit of every token the output already holds (OpenAI's, in [-2, 2])."""
+    frequency_penalty: float = 0.0
+    """Times a token's count in the output so far, subtracted from its logit (OpenAI's, in [-2, 2]).
+    Bias and penalties change the target's distribution p at each position, counting the drafts
+    before that position as output; drafts are verified against that p with the q they were drawn
+    from, so speculation stays exact (a drafter that ignores them is just accepted less)."""
+    logprobs: int | None = None
+    """Record the target's log-probability of each emitted token (its raw distribution, before
+    temperature, top-k/p, bias and penalties, as vLLM reports) and of the `logprobs` likeliest
+    alternatives; None: off."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or math.isnan(self.temperature) or self.temperature < 0:
@@ -83,19 +96,37 @@ class SamplingParams:
             raise SpecdecError(f"seed must be in [-2^63, 2^64), got {self.seed}")
         if self.drafter_invariant and self.seed is None:
             raise SpecdecError("drafter-invariant sampling needs a seed: its noise is keyed by (seed, position)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not -2.0 <= value <= 2.0:
+                raise SpecdecError(f"{name} must be a number in [-2, 2], got {value!r}")
+        for token, bias in self.logit_bias:
+            if not isinstance(token, int) or token < 0:
+                raise SpecdecError(f"logit_bias keys must be token ids >= 0, got {token!r}")
+            if not isinstance(bias, (int, float)) or not -100.0 <= bias <= 100.0:
+                raise SpecdecError(f"logit_bias values must be numbers in [-100, 100], got {bias!r} for token {token}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            raise SpecdecError(f"logprobs must be an integer in [0, 20] (alternatives per token), got {self.logprobs!r}")
 
     @classmethod
     def for_request(cls, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                    drafter_invariant: bool | None = None) -> SamplingParams:
+                    drafter_invariant: bool | None = None, **adjustments) -> SamplingParams:
         """Settings for a user's request: a seeded sampled request is drafter-invariant unless told
-        otherwise, so its output depends on the seed alone (the CLI, the API and the server)."""
+        otherwise, so its output depends on the seed alone (the CLI, the API and the server).
+        `adjustments`: logit_bias, presence_penalty, frequency_penalty, logprobs."""
         if drafter_invariant is None:
             drafter_invariant = seed is not None and temperature > 0
-        return cls(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, drafter_invariant=drafter_invariant)
+        return cls(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, drafter_invariant=drafter_invariant,
+                   **adjustments)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalised(self) -> bool:
+        """Whether the target's logits depend on the output so far (presence or frequency penalty)."""
+        return self.presence_penalty != 0 or self.frequency_penalty != 0
 
 
 @dataclass(frozen=True)

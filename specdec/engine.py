@@ -32,9 +32,9 @@ from .drafters.base import Drafter, Proposal
 from .errors import SpecdecError
 from .gamma import GammaPolicy
 from .metrics import GenerationStats
-from .modeling.tree import depths
+from .modeling.tree import ancestor_mask, depths
 from .rejection import TreeVerdict, Verdict, verify, verify_greedy, verify_tree, verify_tree_greedy
-from .sampling import coupled_draw, new_generator, probs
+from .sampling import adjust, coupled_draw, new_generator, probs, row_counts
 
 
 @dataclass
@@ -63,6 +63,37 @@ class Limits:
     max_drafts: int | None = None
 
 
+@dataclass
+class TokenLogprob:
+    """The target's log-probability of an emitted token, and its likeliest alternatives."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """logits (len(tokens), V): row i is the distribution token i was emitted from."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = logp.topk(top, dim=-1) if top else (None, None)
+    return [TokenLogprob(t, float(logp[i, t]), [] if not top else list(zip(ids[i].tolist(), values[i].tolist())))
+            for i, t in enumerate(tokens)]
+
+
+@dataclass
+class RoundOutcome:
+    """What a verification round kept: the accepted drafts (a chain's prefix, a tree's path), the
+    verdict, whether a tree walk stopped at a node with children, the seconds of the pass and the
+    verification (not the time a batch spent on other generations), and the target's raw logits
+    at the kept rows (row i: where the round's i-th emitted token came from)."""
+
+    accepted: torch.Tensor
+    verdict: Verdict | TreeVerdict
+    rejected: bool | None
+    seconds: float
+    logits: torch.Tensor
+
+
 Rounds = Iterator["list[int] | Pass"]
 """A generation's coroutine: yields a Pass when it needs the target, a list of token ids when a
 round emits them."""
@@ -73,10 +104,12 @@ class Generation:
     `tokens` holds the whole continuation and `stats` the measurements. Closing it early (or just
     dropping it) stops the work."""
 
-    def __init__(self, rounds: Rounds, stats: GenerationStats):
+    def __init__(self, rounds: Rounds, stats: GenerationStats, logprobs: list[TokenLogprob] | None = None):
         self._rounds = rounds
         self.stats = stats
         self.tokens: list[int] = []
+        self.logprobs = logprobs
+        """Each token's log-probabilities, when the sampling settings asked for them."""
 
     def __iter__(self) -> Iterator[list[int]]:
         for item in self._rounds:
@@ -112,11 +145,13 @@ class SpeculativeEngine:
     ) -> Generation:
         """Start generating after `prompt_ids`. Input is checked here, before any model work."""
         prompt = self.check_prompt(prompt_ids)
+        self.check_sampling(sampling)
         drafter = self.drafter_for(self.drafter, sampling, spec)
         self._check_free()
         self.target.record_hidden = drafter is not None and drafter.reads_features  # only who reads them pays
         stats = self.new_stats(prompt, drafter, self.target)
-        return Generation(self._owned(prompt, sampling, spec, drafter, stats), stats)
+        logprobs = [] if sampling.logprobs is not None else None
+        return Generation(self._owned(prompt, sampling, spec, drafter, stats, logprobs), stats, logprobs)
 
     def check_prompt(self, prompt_ids: list[int] | torch.Tensor) -> torch.Tensor:
         """The prompt as a (P,) tensor, or a SpecdecError that says what is wrong with it."""
@@ -132,6 +167,12 @@ class SpeculativeEngine:
         if int(prompt.max()) >= self.target.vocab_size or int(prompt.min()) < 0:
             raise SpecdecError(f"prompt token ids must be in [0, {self.target.vocab_size})")
         return prompt
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """Token ids the sampling settings name must be the target's."""
+        bad = [token for token, _ in sampling.logit_bias if token >= self.target.vocab_size]
+        if bad:
+            raise SpecdecError(f"logit_bias names token ids {bad[:5]} but the model's ids are < {self.target.vocab_size}")
 
     @staticmethod
     def drafter_for(drafter: Drafter | None, sampling: SamplingParams, spec: SpecConfig) -> Drafter | None:
@@ -163,15 +204,15 @@ class SpeculativeEngine:
         return torch.tensor(draws)
 
     def _chain_round(self, target: Backend, proposal: Proposal, context: torch.Tensor, length: int,
-                     sampling: SamplingParams, generator: torch.Generator
-                     ) -> Generator[Pass, None, tuple[torch.Tensor, Verdict, float]]:
-        """Score context[length - 1] and the k drafts in one pass, verify, keep the accepted prefix.
-        Returns (draft, verdict, seconds): the seconds of the pass and
-        of the verification, not the time it waited while a batch ran other generations."""
+                     sampling: SamplingParams, generator: torch.Generator, output_counts: torch.Tensor | None
+                     ) -> Generator[Pass, None, RoundOutcome]:
+        """Score context[length - 1] and the k drafts in one pass, verify, keep the accepted prefix."""
         draft = proposal.tokens  # (k,)
         scored = Pass(target, Step(torch.cat([context[length - 1 : length], draft])))
         yield scored
-        resumed, logits = time.perf_counter(), scored.logits  # (k+1, V)
+        resumed, raw = time.perf_counter(), scored.logits  # (k+1, V)
+        k = draft.numel()
+        logits = self._adjusted(raw, sampling, output_counts, draft, torch.ones(k + 1, k, dtype=torch.bool).tril(-1))
         if sampling.greedy:
             verdict = verify_greedy(logits.argmax(dim=-1), draft)
         elif sampling.drafter_invariant:  # the target's own draws at these positions decide
@@ -179,18 +220,19 @@ class SpeculativeEngine:
         else:
             verdict = verify(probs(logits, sampling), proposal.q, draft, generator)
         target.rollback(length + verdict.accepted)  # keeps the context and the accepted drafts
-        return draft, verdict, scored.seconds + time.perf_counter() - resumed
+        n = verdict.accepted
+        return RoundOutcome(draft[:n], verdict, None, scored.seconds + time.perf_counter() - resumed, raw[: n + 1])
 
     def _tree_round(self, target: Backend, proposal: Proposal, context: torch.Tensor, length: int,
-                    sampling: SamplingParams, generator: torch.Generator
-                    ) -> Generator[Pass, None, tuple[torch.Tensor, TreeVerdict, bool, float]]:
+                    sampling: SamplingParams, generator: torch.Generator, output_counts: torch.Tensor | None
+                    ) -> Generator[Pass, None, RoundOutcome]:
         """Score context[length - 1] and the tree's nodes in one pass, walk it (rejection.py), keep
-        the accepted path's cache entries. Returns the path's tokens, the verdict, whether the
-        walk stopped at a node with children, and the seconds (as _chain_round's)."""
+        the accepted path's cache entries."""
         tokens, parents = proposal.tokens, proposal.parents
         scored = Pass(target, Step(torch.cat([context[length - 1 : length], tokens]), parents))
         yield scored
-        resumed, logits = time.perf_counter(), scored.logits  # (n+1, V)
+        resumed, raw = time.perf_counter(), scored.logits  # (n+1, V)
+        logits = self._adjusted(raw, sampling, output_counts, tokens, ancestor_mask(parents)[:, 1:])
         if sampling.greedy:
             argmax = logits.argmax(dim=-1)
             verdict = verify_tree_greedy(lambda row: int(argmax[row]), tokens, parents)
@@ -203,13 +245,23 @@ class SpeculativeEngine:
             verdict = verify_tree(probs(logits, sampling), proposal.q, tokens, parents, generator)
         target.keep_path(length - 1, verdict.path)
         last = verdict.path[-1] if verdict.path else -1
-        return tokens[verdict.path], verdict, bool((parents == last).any()), scored.seconds + time.perf_counter() - resumed
+        rows = torch.tensor([0] + [1 + node for node in verdict.path])
+        return RoundOutcome(tokens[verdict.path], verdict, bool((parents == last).any()),
+                            scored.seconds + time.perf_counter() - resumed, raw[rows])
 
-    def emitted(self, draft: torch.Tensor, accepted: int, token: int, spec: SpecConfig) -> tuple[list[int], bool]:
+    @staticmethod
+    def _adjusted(logits: torch.Tensor, sampling: SamplingParams, output_counts: torch.Tensor | None,
+                  drafts: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
+        """The scored rows' logits with the request's bias and penalties, each row counting the
+        output so far and the drafts on its own path (`sees`, see sampling.row_counts)."""
+        counts = row_counts(output_counts, drafts, sees) if output_counts is not None else None
+        return adjust(logits, sampling, counts)
+
+    def emitted(self, accepted: torch.Tensor, token: int, spec: SpecConfig) -> tuple[list[int], bool]:
         """The tokens a round adds to the output, and whether the generation ends: the accepted
         drafts and the target's token, cut after the first end-of-sequence token among them (an
         accepted draft may be one: nothing after it may be emitted)."""
-        new = draft[:accepted].tolist() + [token]
+        new = accepted.tolist() + [token]
         if spec.stop_at_eos:
             stop = next((i for i, t in enumerate(new) if t in self.eos_token_ids), None)
             if stop is not None:
@@ -218,14 +270,14 @@ class SpeculativeEngine:
 
     def _owned(
         self, prompt: torch.Tensor, sampling: SamplingParams, spec: SpecConfig, drafter: Drafter | None,
-        stats: GenerationStats,
+        stats: GenerationStats, logprobs: list[TokenLogprob] | None,
     ) -> Rounds:
         """decode() on the engine's own target, which no other generation may use meanwhile."""
         self._check_free()  # another generation may have started since this one was made
         owner = object()
         self.target.in_use_by = owner
         try:
-            yield from self.decode(self.target, prompt, sampling, spec, drafter, stats)
+            yield from self.decode(self.target, prompt, sampling, spec, drafter, stats, logprobs=logprobs)
         finally:
             if self.target.in_use_by is owner:
                 self.target.in_use_by = None
@@ -233,12 +285,14 @@ class SpeculativeEngine:
     def decode(
         self, target: Backend, prompt: torch.Tensor, sampling: SamplingParams, spec: SpecConfig,
         drafter: Drafter | None, stats: GenerationStats, limits: Limits | None = None,
-        prefill_chunk: int | None = None,
+        prefill_chunk: int | None = None, logprobs: list[TokenLogprob] | None = None,
     ) -> Rounds:
         """The decode loop of one generation on `target` (the engine's backend or a fork of it),
         with `drafter` bound to it; a coroutine (see Rounds). The prompt is prefilled in passes of
-        at most `prefill_chunk` tokens (all at once by default)."""
+        at most `prefill_chunk` tokens (all at once by default). With sampling.logprobs set, each
+        emitted token's log-probabilities are appended to `logprobs`."""
         generator = new_generator(sampling.seed)
+        output_counts = torch.zeros(target.vocab_size) if sampling.penalised else None
         budget = spec.max_new_tokens
         if target.max_length is not None:
             budget = min(budget, target.max_length - prompt.numel())
@@ -273,13 +327,9 @@ class SpeculativeEngine:
                 if cap is not None:
                     proposal = proposal.head(cap)  # a tree's nodes count against the batch's rows too
                 t1 = time.perf_counter()
-                if proposal.is_tree:
-                    draft, verdict, rejected, scoring = yield from self._tree_round(target, proposal, context, length,
-                                                                                    sampling, generator)
-                else:
-                    draft, verdict, scoring = yield from self._chain_round(target, proposal, context, length, sampling,
-                                                                           generator)
-                    rejected = None
+                verify_round = self._tree_round if proposal.is_tree else self._chain_round
+                outcome = yield from verify_round(target, proposal, context, length, sampling, generator, output_counts)
+                verdict, scoring = outcome.verdict, outcome.seconds
                 t2 = time.perf_counter()
                 n = verdict.accepted
                 if drafter is not None:
@@ -289,9 +339,13 @@ class SpeculativeEngine:
                 stats.target_seconds += scoring
                 policy.observe(proposal.tokens.numel(), n, t1 - t0, scoring)
 
-                new, stop = self.emitted(draft, n, verdict.token, spec)
+                new, stop = self.emitted(outcome.accepted, verdict.token, spec)
                 stats.record_round(proposal.tokens.numel(), n, verdict.beta, emitted=len(new),
-                                   rejected=rejected)
+                                   rejected=outcome.rejected)
+                if output_counts is not None:
+                    output_counts.index_add_(0, torch.tensor(new), torch.ones(len(new)))
+                if logprobs is not None and sampling.logprobs is not None:
+                    logprobs += token_logprobs(outcome.logits[: len(new)], new, sampling.logprobs)
                 context[length : length + len(new)] = torch.tensor(new)
                 length += len(new)
                 stats.new_tokens = length - prompt.numel()

@@ -36,6 +36,35 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return scores.softmax(dim=-1)
 
 
+def adjust(logits: torch.Tensor, params: SamplingParams, counts: torch.Tensor | None = None) -> torch.Tensor:
+    """(n, V) logits with the request's logit bias and penalties: counts (n, V) holds, for each
+    row, how often each token occurs in the output before that row's next token (None: no penalty).
+
+    >>> adjust(torch.zeros(1, 3), SamplingParams(logit_bias=((2, -100.0),), frequency_penalty=0.5),
+    ...        torch.tensor([[2.0, 0.0, 0.0]]))
+    tensor([[  -1.,    0., -100.]])
+    """
+    if not params.logit_bias and counts is None:
+        return logits
+    logits = logits.float().clone()
+    if params.logit_bias:
+        tokens = torch.tensor([t for t, _ in params.logit_bias])
+        logits[:, tokens] += torch.tensor([b for _, b in params.logit_bias], dtype=logits.dtype)
+    if counts is not None:
+        logits -= counts * params.frequency_penalty + (counts > 0).to(logits.dtype) * params.presence_penalty
+    return logits
+
+
+def row_counts(output_counts: torch.Tensor, tokens: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
+    """Each scored row's output token counts: the output's (V,) counts plus the drafted tokens on
+    the row's own path. tokens (n,) are the drafts; sees (n + 1, n) says which drafts row r's next
+    token follows (a chain's row r: drafts 0..r-1; a tree's: the node's ancestors and itself)."""
+    counts = output_counts.repeat(sees.shape[0], 1)  # (n + 1, V)
+    for j, token in enumerate(tokens.tolist()):
+        counts[sees[:, j], token] += 1
+    return counts
+
+
 def sample(dist: torch.Tensor, generator: torch.Generator) -> int:
     """One token from a (V,) distribution with the request's generator."""
     return int(torch.multinomial(dist, 1, generator=generator))
