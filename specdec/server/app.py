@@ -39,6 +39,14 @@ def error_response(status: int, message: str, type_: str = "invalid_request_erro
     return JSONResponse(body, status_code=status, headers=headers)
 
 
+def choice_seed(seed: int | None, choice: int) -> int | None:
+    """The seed of choice `choice` of a request: its own seed for the first, then seeds derived
+    from it (the same request gives the same n answers; they differ from one another)."""
+    if seed is None or choice == 0:
+        return seed
+    return (seed + choice * 0x9E3779B97F4A7C15) % (1 << 64)
+
+
 class BodyLimit:
     """ASGI middleware: refuse request bodies over `limit` bytes with 413, declared or streamed."""
 
@@ -185,7 +193,8 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
         metrics.queue_depth.set(worker.current_depth())
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    def admit(body, prompt_ids: list[int], max_tokens: int | None, endpoint: str) -> Job:
+    def admit(body, prompt_ids: list[int], max_tokens: int | None, endpoint: str) -> list[Job]:
+        """Check the request against the model and queue one job per choice (`n`)."""
         if body.model not in (None, "", model_name):
             raise APIError(404, f"the model '{body.model}' does not exist; this server serves '{model_name}'",
                            param="model", code="model_not_found")
@@ -201,86 +210,138 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
             raise APIError(400, f"max_tokens {max_tokens} is too large: the prompt has {len(prompt_ids)} tokens and "
                            f"the context holds {context}, so at most {room} can be generated",
                            param="max_tokens", code="context_length_exceeded")
+        if body.n > max_queue:
+            raise APIError(400, f"n={body.n} choices need {body.n} queue slots but the server has {max_queue} "
+                           "(--max-queue)", param="n")
+        bias = body.bias_pairs()
+        if any(token >= sd.engine.target.vocab_size for token, _ in bias):
+            raise APIError(400, f"logit_bias names a token id the model does not have (ids are < "
+                           f"{sd.engine.target.vocab_size})", param="logit_bias")
+        jobs = []
         try:
-            # a seeded request draws by noise keyed by (seed, position): the same answer streamed or not, alone or
-            # under load, with or without speculation
-            sampling = SamplingParams.for_request(body.temperature, body.top_k, body.top_p, body.seed)
-            # gamma="auto" drafts less as the batch fills (specdec.batching); a request's own gamma stands
-            request_gamma = gamma if body.gamma is None else body.gamma
-            spec = SpecConfig(gamma=request_gamma, max_new_tokens=max_tokens, stop_at_eos=not body.ignore_eos)
+            for choice in range(body.n):
+                # a seeded request draws by noise keyed by (seed, position): the same answer streamed or not, alone
+                # or under load, with or without speculation; each further choice draws with a seed of its own
+                sampling = SamplingParams.for_request(
+                    body.temperature, body.top_k, body.top_p, choice_seed(body.seed, choice), logit_bias=bias,
+                    presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                    logprobs=body.logprobs_wanted())
+                # gamma="auto" drafts less as the batch fills (specdec.batching); a request's own gamma stands
+                request_gamma = gamma if body.gamma is None else body.gamma
+                spec = SpecConfig(gamma=request_gamma, max_new_tokens=max_tokens, stop_at_eos=not body.ignore_eos)
+                jobs.append(Job(prompt_ids, sampling, spec, body.stop or [], asyncio.get_running_loop()))
         except SpecdecError as exc:
             raise APIError(400, str(exc)) from None
-        job = Job(prompt_ids, sampling, spec, body.stop or [], asyncio.get_running_loop())
-        if not worker.submit(job):
-            metrics.rejected.inc()
-            raise APIError(429, "the server is busy: too many requests are waiting; retry later",
-                           type_="rate_limit_exceeded", code="queue_full",
-                           headers={"Retry-After": str(worker.retry_after())})
-        return job
+        for i, job in enumerate(jobs):
+            if not worker.submit(job):
+                for queued in jobs[:i]:
+                    queued.cancelled.set()  # the worker drops them unrun
+                metrics.rejected.inc()
+                raise APIError(429, "the server is busy: too many requests are waiting; retry later",
+                               type_="rate_limit_exceeded", code="queue_full",
+                               headers={"Retry-After": str(worker.retry_after())})
+        return jobs
 
-    def speculation(summary: dict, job: Job) -> dict:
-        s = summary["stats"]
-        return {"enabled": job.spec.gamma != 0, "gamma": job.spec.gamma, "drafter": s.drafter, "drafted": s.drafted,
-                "accepted": s.accepted, "alpha": s.alpha, "tau": s.tau, "target_calls": s.target_calls,
-                "acceptance_by_position": s.acceptance_by_position()}
+    def speculation(summaries: list[dict], jobs: list[Job]) -> dict:
+        """What speculation did, over all choices."""
+        stats = [summary["stats"] for summary in summaries]
+        drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+        calls, tokens = sum(s.target_calls for s in stats), sum(s.new_tokens for s in stats)
+        out = {"enabled": jobs[0].spec.gamma != 0, "gamma": jobs[0].spec.gamma, "drafter": stats[0].drafter,
+               "drafted": drafted, "accepted": accepted, "alpha": accepted / drafted if drafted else None,
+               "tau": tokens / calls if calls else None, "target_calls": calls}
+        if len(stats) == 1:
+            out["acceptance_by_position"] = stats[0].acceptance_by_position()
+        return out
 
-    def usage(summary: dict) -> dict:
-        return {"prompt_tokens": summary["prompt_tokens"], "completion_tokens": summary["completion_tokens"],
-                "total_tokens": summary["prompt_tokens"] + summary["completion_tokens"]}
+    def usage(summaries: list[dict]) -> dict:
+        prompt, completion = summaries[0]["prompt_tokens"], sum(s["completion_tokens"] for s in summaries)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    async def watch(request: Request, job: Job) -> None:
-        """Flag the job when its client goes away (queued or running), and wake its collector."""
-        while not job.cancelled.is_set():
+    async def watch(request: Request, jobs: list[Job]) -> None:
+        """Flag the jobs when their client goes away (queued or running), and wake the collectors."""
+        while not all(job.cancelled.is_set() for job in jobs):
             if await request.is_disconnected():
-                job.cancelled.set()
-                job.events.put_nowait(("cancelled", None))
+                for job in jobs:
+                    job.cancelled.set()
+                    job.events.put_nowait(("cancelled", None))
                 return
             await asyncio.sleep(0.1)
 
-    async def collect(request: Request, job: Job) -> tuple[str, dict]:
-        pieces = []
-        watcher = asyncio.create_task(watch(request, job))
-        try:
+    async def collect(request: Request, jobs: list[Job]) -> list[tuple[str, dict]]:
+        """Each choice's text and summary, once all have finished."""
+        async def one(job: Job) -> tuple[str, dict]:
+            pieces = []
             while True:
                 kind, payload = await job.events.get()
                 if kind == "text":
-                    pieces.append(payload)
+                    pieces.append(payload[0])
                 elif kind == "error":
                     raise APIError(500, f"generation failed: {payload}", type_="server_error")
                 elif kind == "cancelled":
                     raise APIError(499, "client disconnected")
                 else:
                     return "".join(pieces), payload
+
+        watcher = asyncio.create_task(watch(request, jobs))
+        try:
+            return await asyncio.gather(*(one(job) for job in jobs))
         finally:
             watcher.cancel()
+            for job in jobs:
+                job.cancelled.set()  # no-op for finished ones; stops the others when one failed
 
     def sse(obj) -> str:
         return f"data: {json.dumps(obj)}\n\n"
 
-    async def stream(job: Job, make_chunk, endpoint: str):
+    async def stream(jobs: list[Job], make_chunk, endpoint: str):
+        """Server-sent events of every choice, as their text comes; the last chunk carries the usage
+        and what speculation did."""
         try:
-            first = make_chunk(None, None, first=True)
-            if first:
-                yield sse(first)
-            while True:
-                kind, payload = await job.events.get()
-                if kind == "text":
-                    yield sse(make_chunk(payload, None))
-                elif kind == "error":
-                    yield sse({"error": {"message": f"generation failed: {payload}", "type": "server_error"}})
-                    break
-                elif kind == "cancelled":
-                    return
-                else:
-                    final = make_chunk(None, payload["finish_reason"])
-                    final["usage"] = usage(payload)
-                    final["speculation"] = speculation(payload, job)
-                    yield sse(final)
-                    break
+            for index in range(len(jobs)):
+                first = make_chunk(index, None, None, None, first=True)
+                if first:
+                    yield sse(first)
+            waiting = {asyncio.ensure_future(job.events.get()): index for index, job in enumerate(jobs)}
+            summaries: list[dict | None] = [None] * len(jobs)
+            while waiting:
+                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    index = waiting.pop(task)
+                    kind, payload = task.result()
+                    if kind == "text":
+                        yield sse(make_chunk(index, payload[0], payload[1], None))
+                        waiting[asyncio.ensure_future(jobs[index].events.get())] = index
+                    elif kind == "error":
+                        yield sse({"error": {"message": f"generation failed: {payload}", "type": "server_error"}})
+                        yield "data: [DONE]\n\n"
+                        return
+                    elif kind == "cancelled":
+                        return
+                    else:
+                        summaries[index] = payload
+                        final = make_chunk(index, None, None, payload["finish_reason"])
+                        if not waiting:
+                            final["usage"] = usage(summaries)
+                            final["speculation"] = speculation(summaries, jobs)
+                        yield sse(final)
             yield "data: [DONE]\n\n"
             metrics.requests.labels(endpoint=endpoint, status="200").inc()
         finally:
-            job.cancelled.set()  # no-op when finished; stops the generation when the client left
+            for job in jobs:
+                job.cancelled.set()  # no-op when finished; stops the generation when the client left
+
+    def completion_logprobs(entries: list[dict] | None, offset: int = 0) -> dict | None:
+        """Chat-style entries in the completions API's layout."""
+        if entries is None:
+            return None
+        offsets, at = [], offset
+        for entry in entries:
+            offsets.append(at)
+            at += len(entry["token"])
+        return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+                "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+                "text_offset": offsets}
 
     def encode_prompt(text: str) -> list[int]:
         with tokenizer_lock:
@@ -295,40 +356,50 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         prompt_ids = await asyncio.to_thread(encode_prompt, body.prompt)  # a long prompt must not stall the loop
-        job = admit(body, prompt_ids, body.max_tokens, "completions")
+        jobs = admit(body, prompt_ids, body.max_tokens, "completions")
         ident, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+        sent = [0] * len(jobs)  # characters streamed per choice, for text_offset
 
-        def chunk(text, finish, first=False):
+        def chunk(index, text, logprobs, finish, first=False):
             if first:
                 return None
+            entries = completion_logprobs(logprobs, sent[index])
+            sent[index] += len(text or "")
             return {"id": ident, "object": "text_completion", "created": created, "model": model_name,
-                    "choices": [{"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}]}
+                    "choices": [{"index": index, "text": text or "", "finish_reason": finish, "logprobs": entries}]}
 
         if body.stream:
-            return StreamingResponse(stream(job, chunk, "/v1/completions"), media_type="text/event-stream")
-        text, summary = await collect(request, job)
+            return StreamingResponse(stream(jobs, chunk, "/v1/completions"), media_type="text/event-stream")
+        results = await collect(request, jobs)
         metrics.requests.labels(endpoint="/v1/completions", status="200").inc()
-        out = chunk(text, summary["finish_reason"])
-        return {**out, "usage": usage(summary), "speculation": speculation(summary, job)}
+        choices = [{"index": i, "text": text, "finish_reason": summary["finish_reason"],
+                    "logprobs": completion_logprobs(summary["logprobs"])} for i, (text, summary) in enumerate(results)]
+        summaries = [summary for _, summary in results]
+        return {"id": ident, "object": "text_completion", "created": created, "model": model_name, "choices": choices,
+                "usage": usage(summaries), "speculation": speculation(summaries, jobs)}
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        job = admit(body, await asyncio.to_thread(encode_chat, body.messages), max_tokens, "chat")
+        jobs = admit(body, await asyncio.to_thread(encode_chat, body.messages), max_tokens, "chat")
         ident, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
-        def chunk(text, finish, first=False):
+        def chunk(index, text, logprobs, finish, first=False):
             delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
             return {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+                    "choices": [{"index": index, "delta": delta, "finish_reason": finish,
+                                 "logprobs": None if logprobs is None else {"content": logprobs}}]}
 
         if body.stream:
-            return StreamingResponse(stream(job, chunk, "/v1/chat/completions"), media_type="text/event-stream")
-        text, summary = await collect(request, job)
+            return StreamingResponse(stream(jobs, chunk, "/v1/chat/completions"), media_type="text/event-stream")
+        results = await collect(request, jobs)
         metrics.requests.labels(endpoint="/v1/chat/completions", status="200").inc()
+        summaries = [summary for _, summary in results]
         return {"id": ident, "object": "chat.completion", "created": created, "model": model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": summary["finish_reason"], "logprobs": None}],
-                "usage": usage(summary), "speculation": speculation(summary, job)}
+                "choices": [{"index": i, "message": {"role": "assistant", "content": text},
+                             "finish_reason": summary["finish_reason"],
+                             "logprobs": None if summary["logprobs"] is None else {"content": summary["logprobs"]}}
+                            for i, (text, summary) in enumerate(results)],
+                "usage": usage(summaries), "speculation": speculation(summaries, jobs)}
 
     return app

@@ -16,11 +16,6 @@ from ..config import SEED_MAX, SEED_MIN
 
 UNSUPPORTED = {
     # field: (is it in use?, what to say)
-    "logprobs": (lambda v: v not in (None, False, 0), "log probabilities are not returned by this server"),
-    "top_logprobs": (lambda v: v not in (None, 0), "log probabilities are not returned by this server"),
-    "presence_penalty": (lambda v: v not in (None, 0, 0.0), "presence_penalty is not implemented; send 0"),
-    "frequency_penalty": (lambda v: v not in (None, 0, 0.0), "frequency_penalty is not implemented; send 0"),
-    "logit_bias": (lambda v: bool(v), "logit_bias is not implemented"),
     "response_format": (lambda v: v not in (None, {}) and not (isinstance(v, dict) and v.get("type") == "text"),
                         "only response_format {\"type\": \"text\"} is supported"),
     "tools": (lambda v: bool(v), "tool calling is not supported"),
@@ -73,8 +68,11 @@ class SamplingFields(BaseModel):
     top_k: int = Field(default=0, ge=0, description="specdec extension: keep the k most likely tokens; 0 = off")
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stop: str | list[str] | None = None
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=16, description="choices to generate (each a request of its own in the batch)")
     stream: bool = False
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(default=None, description="token id (as a string) -> bias in [-100, 100]")
     gamma: int | Literal["auto"] | None = Field(default=None, description="specdec extension")
     ignore_eos: bool = Field(default=False, description="extension (as in vLLM): keep generating past end-of-sequence")
 
@@ -85,12 +83,20 @@ class SamplingFields(BaseModel):
                 raise ValueError(f"{name}: {UNSUPPORTED[name][1]}")
         return self
 
-    @field_validator("n")
+    @field_validator("logit_bias")
     @classmethod
-    def _only_one(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported")
-        return n
+    def _bias(cls, bias):
+        for key, value in (bias or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"logit_bias keys are token ids such as \"50256\", got {key!r}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {value} for token {key}")
+        if bias and len(bias) > 300:
+            raise ValueError("logit_bias takes at most 300 tokens")
+        return bias
+
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(key), float(value)) for key, value in (self.logit_bias or {}).items())
 
     @field_validator("stop")
     @classmethod
@@ -110,6 +116,11 @@ class SamplingFields(BaseModel):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str]
+    logprobs: int | None = Field(default=None, ge=0, le=5, description="log-probabilities of the tokens and of up to "
+                                 "5 alternatives each")
+
+    def logprobs_wanted(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -154,6 +165,17 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("messages")
     @classmethod

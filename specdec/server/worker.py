@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..batching import Batch, Member
 from ..config import SamplingParams, SpecConfig
+from ..engine import TokenLogprob
 from ..text import TextStream
 
 
@@ -49,14 +50,25 @@ def find_stop(text: str, stops: list[str]) -> int | None:
 
 class Output:
     """A running job's text: decoded as tokens arrive, sent on as far as no stop string can still
-    begin in it, cut at the first stop string."""
+    begin in it, cut at the first stop string. Text events carry (text, log-probability entries of
+    the tokens not yet described, or None when the request asked for none)."""
 
-    def __init__(self, job: Job, tokenizer, tokenizer_lock: threading.Lock):
-        self.job, self.tokenizer, self.lock = job, tokenizer, tokenizer_lock
+    def __init__(self, job: Job, member: Member, tokenizer, tokenizer_lock: threading.Lock):
+        self.job, self.member, self.tokenizer, self.lock = job, member, tokenizer, tokenizer_lock
         self.text = TextStream(tokenizer)
         self.full, self.sent = "", 0
+        self.described = 0  # tokens whose log-probabilities have been sent
         self.stopped_at: int | None = None  # characters through the end of the stop string
         self.hold = max((len(s) for s in job.stops), default=1) - 1  # a stop string may straddle two chunks
+
+    def _logprobs(self, through: int | None = None) -> list[dict] | None:
+        """Entries of the tokens after those already sent, up to `through` tokens in all."""
+        if self.member.logprobs is None:
+            return None
+        entries = self.member.logprobs[self.described : through]
+        self.described += len(entries)
+        with self.lock:
+            return [describe(entry, self.tokenizer) for entry in entries]
 
     def push(self, tokens: list[int]) -> bool:
         """Take a round's tokens; True when a stop string has ended the answer."""
@@ -70,14 +82,20 @@ class Output:
             return True
         safe = len(self.full) - self.hold
         if safe > self.sent:
-            self.job.emit("text", self.full[self.sent : safe])
+            self.job.emit("text", (self.full[self.sent : safe], self._logprobs()))
             self.sent = safe
         return False
 
-    def flush(self) -> None:
-        if len(self.full) > self.sent:
-            self.job.emit("text", self.full[self.sent :])
+    def flush(self, tokens: int) -> list[dict] | None:
+        """Send the rest of the text; returns the entries of all `tokens` the answer used."""
+        rest = self._logprobs(tokens)
+        if len(self.full) > self.sent or rest:
+            self.job.emit("text", (self.full[self.sent :], rest))
             self.sent = len(self.full)
+        if self.member.logprobs is None:
+            return None
+        with self.lock:
+            return [describe(entry, self.tokenizer) for entry in self.member.logprobs[:tokens]]
 
     def completion_tokens(self, tokens: list[int]) -> int:
         """Tokens the answer used: all of them, or the fewest whose text reaches the end of the stop
@@ -93,6 +111,14 @@ class Output:
                 else:
                     low = middle + 1
         return low
+
+
+def describe(entry: TokenLogprob, tokenizer) -> dict:
+    """A token's log-probabilities as OpenAI's chat API writes them (text, bytes, alternatives)."""
+    def one(token: int, logprob: float) -> dict:
+        text = tokenizer.decode([token])
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+    return {**one(entry.token, entry.logprob), "top_logprobs": [one(t, lp) for t, lp in entry.top]}
 
 
 class Worker:
@@ -202,12 +228,13 @@ class Worker:
             job.started = time.perf_counter()
             self.metrics.queue_wait.observe(job.started - job.submitted)
             with self._lock:
-                self.running[member] = Output(job, self.sd.tokenizer, self.tokenizer_lock)
+                self.running[member] = Output(job, member, self.sd.tokenizer, self.tokenizer_lock)
                 self._gauges()
 
     def _done(self, member: Member, out: Output) -> None:
         job, stats = out.job, member.stats
-        out.flush()
+        used = out.completion_tokens(member.tokens)
+        logprobs = out.flush(used)
         now = time.perf_counter()
         if job.first_text is not None:
             self.metrics.time_to_first_token.observe(job.first_text - job.submitted)
@@ -218,4 +245,4 @@ class Worker:
         self.metrics.record_generation(stats)
         finish = "stop" if out.stopped_at is not None else stats.finish_reason
         self._finish(job, ("done", {"finish_reason": finish, "prompt_tokens": len(job.prompt_ids),
-                                    "completion_tokens": out.completion_tokens(member.tokens), "stats": stats}), member)
+                                    "completion_tokens": used, "stats": stats, "logprobs": logprobs}), member)
