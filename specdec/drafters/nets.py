@@ -90,7 +90,7 @@ class Block(nn.Module):
 
 
 class PackedLinear(nn.Module):
-    """An nn.Linear with its bfloat16 weight pre-packed for oneDNN, as the lean backend does:
+    """An nn.Linear with its weight pre-packed for oneDNN, as the lean backend does:
     the same results, about half the time for a one-row product. Inference only."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -140,7 +140,7 @@ class DraftNet(nn.Module):
         return e * self.config.embed_scale if self.config.embed_scale != 1.0 else e
 
     def pack(self) -> DraftNet:
-        """Pre-pack every bfloat16 weight for oneDNN (drafting on CPU; not for training or saving)."""
+        """Pre-pack every weight (bfloat16 or float32) for oneDNN (drafting on CPU; not for training or saving)."""
         for module in list(self.modules()):
             for child_name, child in list(module.named_children()):
                 if isinstance(child, nn.Linear):

@@ -143,11 +143,11 @@ def load_net(directory: str | Path, target) -> DraftNet:
 
     device = target.model.device
     net = read_net(directory, target).to(device=device, dtype=target.dtype).eval()
-    if target.dtype == torch.bfloat16 and device.type == "cpu":
-        kern = kernels.load()
+    if device.type == "cpu" and target.dtype in (torch.bfloat16, torch.float32):
+        kern = kernels.load() if target.dtype == torch.bfloat16 else None
         if kern is not None:
             net.use_kernels(kern)
-        elif can_pack():
+        elif can_pack(target.dtype):
             net.pack()
     return net
 
