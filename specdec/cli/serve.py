@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 
 from ..errors import SpecdecError
 from .options import add_model_args, gamma
@@ -30,10 +31,20 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(sd, args.served_model_name or args.target, api_key=api_key, max_queue=args.max_queue,
                      spec_off_depth=args.spec_off_depth, max_body_bytes=args.max_body_bytes, gamma=args.gamma,
                      allowed_hosts=allowed, cors_origins=tuple(args.cors_origins or ()), max_batch=args.max_batch,
-                     row_budget=args.row_budget)
+                     row_budget=args.row_budget, worker_thread=False)
     print(f"specdec serving {args.target} (drafter {args.drafter}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    # The model runs in this thread, the one that loaded it (see specdec.server.worker); HTTP in another.
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    http = threading.Thread(target=server.run, name="specdec-http", daemon=True)
+    http.start()
+    try:
+        app.state.worker.run(until=lambda: not http.is_alive())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.should_exit = True
+        http.join(timeout=10)
+    return 0 if server.started else 1
 
 
 def register(sub) -> None:

@@ -131,13 +131,16 @@ class Guard:
 def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int = 16, spec_off_depth: int | None = None,
                max_body_bytes: int = 1 << 20, gamma="auto", default_chat_tokens: int = 512,
                allowed_hosts: tuple[str, ...] | None = None, cors_origins: tuple[str, ...] = (), max_batch: int = 8,
-               row_budget: int = 16) -> FastAPI:
-    """The app around a loaded SpecDec; one worker thread runs the model, batching up to
-    `max_batch` requests a step (see specdec.batching for row_budget and spec_off_depth)."""
+               row_budget: int = 16, worker_thread: bool = True) -> FastAPI:
+    """The app around a loaded SpecDec; one worker runs the model, batching up to `max_batch`
+    requests a step (see specdec.batching for row_budget and spec_off_depth): in a thread of its
+    own, or, with worker_thread=False, wherever the caller runs `app.state.worker.run()`."""
     metrics = ServerMetrics()
     tokenizer_lock = threading.Lock()
     worker = Worker(sd, metrics, max_queue, tokenizer_lock, max_batch=max_batch, row_budget=row_budget,
                     spec_off_at=spec_off_depth)
+    if worker_thread:
+        worker.start()
     context = sd.engine.target.max_length
     app = FastAPI(title="specdec", description="OpenAI-compatible server with lossless speculative decoding")
     app.state.worker = worker

@@ -1,5 +1,8 @@
-"""One worker thread runs the model: a continuous batch of the running requests, fed from a
-bounded queue.
+"""One worker runs the model: a continuous batch of the running requests, fed from a bounded
+queue. `specdec serve` runs it in the main thread (the HTTP server in another): on a CPU every torch
+call should come from the one thread that loaded the model, since a second thread issuing OpenMP
+work made plain decoding ~1.4x slower on the EPYC (oneDNN's packed products; 16-18 tok/s against
+23-26). Tests and embedders may start it in a thread of its own (`start()`).
 
 Each step the worker admits waiting requests while the batch has room, drops those whose client
 left, and runs one batch step (`specdec.batching`: one target pass for every running request, each
@@ -135,8 +138,12 @@ class Worker:
         self.running: dict[Member, Output] = {}
         self._lock = threading.Lock()
         self.seconds_per_request: float | None = None  # running mean of served requests, for Retry-After
-        self.thread = threading.Thread(target=self._loop, name="specdec-worker", daemon=True)
-        self.thread.start()
+
+    def start(self) -> threading.Thread:
+        """Run the worker in a daemon thread of its own."""
+        thread = threading.Thread(target=self.run, name="specdec-worker", daemon=True)
+        thread.start()
+        return thread
 
     @property
     def max_batch(self) -> int:
@@ -180,8 +187,9 @@ class Worker:
             self._gauges()
         job.emit(*last)
 
-    def _loop(self) -> None:
-        while True:
+    def run(self, until=lambda: False) -> None:
+        """Serve jobs until `until()` is true (checked at least twice a second)."""
+        while not until():
             self._admit(block=not self.running)
             for member, out in list(self.running.items()):
                 if out.job.cancelled.is_set():
@@ -212,7 +220,7 @@ class Worker:
         """Move waiting jobs into the batch while it has room (wait for one when nothing runs)."""
         while not self.batch.full:
             try:
-                job = self.jobs.get(block=block)
+                job = self.jobs.get(block=block, timeout=0.5 if block else None)
             except queue.Empty:
                 return
             block = False
