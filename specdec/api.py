@@ -28,6 +28,8 @@ class Result:
     token_ids: list[int]
     prompt_ids: list[int]
     stats: GenerationStats
+    logprobs: list | None = None
+    """Each token's TokenLogprob when asked for (logprobs=K)."""
 
     @property
     def finish_reason(self) -> str:
@@ -67,11 +69,17 @@ class SpecDec:
 
     def start(self, prompt: str | list[dict] | list[int], *, max_new_tokens: int = 128, temperature: float = 0.0,
               top_k: int = 0, top_p: float = 1.0, seed: int | None = None, gamma: int | str = "auto",
-              chat: bool | None = None, drafter_invariant: bool | None = None) -> tuple[list[int], Generation]:
+              chat: bool | None = None, drafter_invariant: bool | None = None, presence_penalty: float = 0.0,
+              frequency_penalty: float = 0.0, logit_bias: dict[int, float] | None = None,
+              logprobs: int | None = None) -> tuple[list[int], Generation]:
         """Prompt ids and a Generation to iterate (the streaming entry point). A seeded sampled
         generation uses drafter-invariant sampling unless `drafter_invariant=False`: its output is
-        then the same with any drafter and gamma, and equal to plain decoding's with that seed."""
-        sampling = SamplingParams.for_request(temperature, top_k, top_p, seed, drafter_invariant)
+        then the same with any drafter and gamma, and equal to plain decoding's with that seed.
+        Penalties and logit_bias (token id -> bias) are OpenAI's; logprobs=K records each token's
+        log-probability and its K likeliest alternatives (Generation.logprobs)."""
+        sampling = SamplingParams.for_request(temperature, top_k, top_p, seed, drafter_invariant,
+                                              presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+                                              logit_bias=tuple((logit_bias or {}).items()), logprobs=logprobs)
         spec = SpecConfig(gamma=gamma, max_new_tokens=max_new_tokens)
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             prompt_ids = list(prompt)
@@ -97,4 +105,5 @@ class SpecDec:
 
     def result(self, prompt_ids: list[int], run: Generation) -> Result:
         text = self.tokenizer.decode(run.tokens, skip_special_tokens=True)
-        return Result(text=text, token_ids=list(run.tokens), prompt_ids=prompt_ids, stats=run.stats)
+        return Result(text=text, token_ids=list(run.tokens), prompt_ids=prompt_ids, stats=run.stats,
+                      logprobs=run.logprobs)
