@@ -78,3 +78,15 @@ def test_bad_prompts_file(tmp_path):
         load_prompts_file(bad)
     with pytest.raises(SpecdecError, match="cannot read"):
         load_prompts_file(tmp_path / "missing.jsonl")
+
+
+def test_coupled_rows_measure_the_coupling_at_t_above_zero(tiny_dirs, prompts_file, tmp_path):
+    out = tmp_path / "out"
+    code = main(["bench", "--target", str(tiny_dirs["target"]), "--drafter", f"model:{tiny_dirs['draft']}",
+                 "--prompts", str(prompts_file), "--dtype", "float32", "--temperatures", "0,1", "--gammas", "3",
+                 "--max-new-tokens", "12", "--no-peers", "--coupled", "--out", str(out)])
+    assert code == 0
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    coupled = [r for r in rows if r["method"].endswith("+coupled")]
+    assert coupled and all(r["temperature"] == 1.0 for r in coupled)  # greedy has nothing to couple
+    assert all(0 <= r["alpha"] <= 1 for r in coupled)

@@ -152,17 +152,17 @@ class ReseededEngine(SpeculativeEngine):
     """Reseeds the request's generator at every round (the random stream repeats). Runs with
     specdec.engine.new_generator patched to _remembering_generator."""
 
-    def emitted(self, draft, accepted, token, spec):
+    def emitted(self, accepted, token, spec):
         generator, seed = _live_generators[-1]
         generator.manual_seed(seed)
-        return super().emitted(draft, accepted, token, spec)
+        return super().emitted(accepted, token, spec)
 
 
 class EosInDraftIgnored(SpeculativeEngine):
     """Stops only when the target's own token is the end of sequence, not an accepted draft."""
 
-    def emitted(self, draft, accepted, token, spec):
-        new = draft[:accepted].tolist() + [token]
+    def emitted(self, accepted, token, spec):
+        new = accepted.tolist() + [token]
         return new, token in self.eos_token_ids
 
 

@@ -10,7 +10,7 @@ import random
 import resource
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import theory
@@ -39,6 +39,10 @@ class BenchConfig:
     backend: str = "auto"
     """auto (lean where known), lean or transformers: the forward pass specdec's rows run on."""
     peers: bool = True
+    coupled: bool = False
+    """Also run each drafter at T > 0 with drafter-invariant sampling (method "NAME+coupled"), the
+    server's rule for seeded requests: what its coupling costs in acceptance against rejection
+    sampling's."""
 
 
 def _peak_rss_mb() -> float:
@@ -75,12 +79,15 @@ def run_bench(config: BenchConfig, progress=None) -> list[dict]:
     plain_engine.generate(encode("Hello"), SamplingParams(), SpecConfig(gamma=0, max_new_tokens=4)).run()
 
     methods = [("plain", None, 0)] + [(spec, spec, g) for spec in config.drafters for g in config.gammas]
+    if config.coupled:
+        methods += [(f"{spec}+coupled", spec, g) for spec in config.drafters for g in config.gammas]
     if config.peers:
         methods += [("hf-generate", "hf", None), ("hf-prompt-lookup", "hf-pl", None)]
         methods += [(f"hf-assisted:{spec}", f"hf-assist:{spec}", None) for spec in config.drafters
                     if parse_drafter(spec)[0] == "model"]
     runs: list[dict] = []
-    total = len(prompts) * len(config.temperatures) * len(methods)
+    coupled = sum(name.endswith("+coupled") for name, _, _ in methods)
+    total = len(prompts) * sum(len(methods) - (coupled if t == 0 else 0) for t in config.temperatures)
     for p_index, prompt in enumerate(prompts):
         if prompt.follow_up:  # the first turn's answer is the target's own (greedy, not timed)
             first = plain_engine.generate(encode(prompt.text), SamplingParams(),
@@ -93,8 +100,14 @@ def run_bench(config: BenchConfig, progress=None) -> list[dict]:
             order = list(methods)
             random.Random(f"{config.seed}:{p_index}:{temperature}").shuffle(order)
             for name, key, gamma in order:
-                runs.append(_run_one(name, key, gamma, prompt, p_index, ids, sampling, config, plain_engine, engines,
-                                     target, eos))
+                if name.endswith("+coupled"):
+                    if temperature == 0:  # greedy is greedy: nothing to couple
+                        continue
+                    run_sampling = replace(sampling, drafter_invariant=True)
+                else:
+                    run_sampling = sampling
+                runs.append(_run_one(name, key, gamma, prompt, p_index, ids, run_sampling, config, plain_engine,
+                                     engines, target, eos))
                 if progress:
                     progress(len(runs), total, f"{prompt.task} T={temperature} {name} γ={gamma}")
     return aggregate(runs, config)

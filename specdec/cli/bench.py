@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     config = BenchConfig(target=args.target, drafters=args.drafter or ["prompt-lookup"], tasks=args.tasks,
                          temperatures=args.temperatures, gammas=args.gammas, prompts_per_task=args.prompts_per_task,
                          prompts_file=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                         dtype=args.dtype, backend=args.backend, peers=not args.no_peers)
+                         dtype=args.dtype, backend=args.backend, peers=not args.no_peers, coupled=args.coupled)
     if args.quick:
         config.tasks = [t for t in config.tasks if t in ("translate", "code")] or config.tasks[:1]
         config.prompts_per_task, config.temperatures = 1, [0.0]
@@ -64,6 +64,9 @@ def register(sub) -> None:
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--no-peers", action="store_true", help="skip transformers' generate() rows")
+    bench.add_argument("--coupled", action="store_true",
+                       help="also run each drafter at T > 0 with drafter-invariant sampling (seeded requests' rule), "
+                            "to show what the coupling costs in acceptance")
     bench.add_argument("--quick", action="store_true", help="a small run CI can afford")
     bench.add_argument("--out", default="bench-out", help="output directory (default: %(default)s)")
     bench.set_defaults(handler=run)
