@@ -12,27 +12,10 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
+from bench_serve import percentile, wait_ready  # this folder's: one way to wait and to rank
 from openai import OpenAI
 
 from specdec.prompts import task_prompts
-
-
-def wait_ready(base: str, proc) -> None:
-    for _ in range(600):
-        if proc.poll() is not None:
-            sys.exit("server exited")
-        try:
-            if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    sys.exit("server did not start")
-
-
-def percentile(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 def main() -> None:
