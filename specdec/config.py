@@ -22,9 +22,10 @@ BUILTIN_TARGETS = ("smollm2-135m", "gemma3-270m")
 """The models that install from PyPI with specdec (specdec.models says where from)."""
 BACKENDS = ("auto", "lean", "transformers")
 """The forward passes a target can run on (specdec.backends.make_backend)."""
-DRAFTER_KINDS = ("auto", "prompt-lookup", "prompt-lookup-tree", "suffix", "ngram", "model", "trained", "none")
-DRAFTER_SYNTAX = ("auto, prompt-lookup, prompt-lookup-tree, suffix, ngram[:TABLE.npz], model:NAME_OR_DIR, trained[:DIR], none, "
-                  "or a trained drafter's directory")
+DRAFTER_KINDS = ("auto", "prompt-lookup", "prompt-lookup-tree", "suffix", "ngram", "model", "trained", "trained-tree",
+                 "none")
+DRAFTER_SYNTAX = ("auto, prompt-lookup, prompt-lookup-tree, suffix, ngram[:TABLE.npz], model:NAME_OR_DIR, trained[:DIR], "
+                  "trained-tree[:DIR], none, or a trained drafter's directory")
 """How a drafter is named everywhere (CLI, API, server, bench): KIND or KIND:ARGUMENT."""
 
 

@@ -13,7 +13,14 @@ from specdec.cli import main
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import ModelDrafter, build_drafter
 from specdec.drafters.nets import DraftConfig, DraftNet
-from specdec.drafters.trained import DraftLMBackend, EagleDrafter, MedusaDrafter, load_trained_drafter, save_drafter
+from specdec.drafters.trained import (
+    DraftLMBackend,
+    EagleDrafter,
+    EagleTreeDrafter,
+    MedusaDrafter,
+    load_trained_drafter,
+    save_drafter,
+)
 from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
 from specdec.exactness import exact_continuation_law, goodness_of_fit, sample_continuations
@@ -24,6 +31,7 @@ PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 9, 4, 5, 6, 1, 2]
 
 
 def random_net(kind: str, target, vocab: torch.Tensor, seed: int = 0) -> DraftNet:
+    kind = "eagle" if kind == "eagle-tree" else kind
     torch.manual_seed(seed)
     d = target.config.hidden_size
     net = DraftNet(DraftConfig(kind, d, head_dim=8, ffn=2 * d, medusa_heads=3), vocab,
@@ -41,6 +49,8 @@ def random_drafter(kind: str, target, vocab: torch.Tensor, seed: int = 0):
     width = target.get_output_embeddings().weight.shape[0]
     if kind == "draft-lm":
         return ModelDrafter(DraftLMBackend(net, width), width)
+    if kind == "eagle-tree":
+        return EagleTreeDrafter(net, "test", branch=2, beam=2, max_nodes=7)
     return (EagleDrafter if kind == "eagle" else MedusaDrafter)(net, "test")
 
 
@@ -61,7 +71,7 @@ def test_cached_drafting_equals_recomputation(kind):
 
 
 @pytest.mark.parametrize("backend", [LeanBackend, TransformersBackend])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + ("eagle-tree",))
 @pytest.mark.parametrize("architecture", ["llama", "gemma3"])
 def test_greedy_parity_each_kind(kind, backend, architecture):
     target = tiny_llama(40, seed=0) if architecture == "llama" else tiny_gemma3(40, seed=0, sliding_window=8)
@@ -82,6 +92,8 @@ MC_VOCAB, MC_PROMPT = 5, [0, 1, 2, 3, 4, 1]
     ("eagle", SamplingParams(temperature=1.0)),
     ("medusa", SamplingParams(temperature=1.0)),
     ("eagle", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
+    ("eagle-tree", SamplingParams(temperature=1.0)),
+    ("eagle-tree", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
 ])
 def test_monte_carlo_law_each_kind(kind, sampling):
     """3-token continuations follow the target's exact law, though the draft never proposes id 2."""
@@ -312,7 +324,7 @@ def test_damaged_draft_vocabulary_is_refused(trained, tmp_path, damage, needle):
         load_trained_drafter(directory, target)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + ("eagle-tree",))
 def test_specdec_verify_passes_each_kind(kind):
     """The conformance check (quick settings) on the lean backend at T = 0.7, top-p 0.9."""
     from specdec.conformance import Settings, run_conformance
@@ -341,3 +353,32 @@ def test_only_generations_whose_drafter_reads_features_record_them():
         run = engine.generate(PROMPT, SamplingParams(), SpecConfig(gamma=gamma, max_new_tokens=8)).run()
         assert backend.record_hidden is expected and set(recorded) == {expected}, (engine.drafter, gamma)
         assert len(run.tokens) == 8
+
+
+def test_eagle_tree_proposes_trees_and_they_are_accepted():
+    """Trees really come out (several children, more than one level) and verification walks them."""
+    target = tiny_llama(40, seed=0)
+    drafter = random_drafter("eagle-tree", target, torch.arange(0, 40, 2))
+    engine = SpeculativeEngine(LeanBackend(target), drafter)
+    run = engine.generate(PROMPT, SamplingParams(temperature=0), SpecConfig(gamma=3, max_new_tokens=30)).run()
+    assert run.stats.tree_rounds > 0 and run.stats.drafted > 3 * run.stats.rounds_with_draft  # wider than a chain
+    engine.target.reset()
+    engine.target.record_hidden = True
+    engine.target.prefill(torch.tensor(PROMPT[:-1]))
+    engine.target.forward(torch.tensor(PROMPT[-1:]))
+    drafter.begin(torch.tensor(PROMPT))
+    proposal = drafter.propose(torch.tensor(PROMPT + [5]), 3, SamplingParams(temperature=0), None)
+    parents = proposal.parents.tolist()
+    assert proposal.tokens.numel() == 7 and parents.count(-1) == 2 and max(parents) >= 0
+    for i, parent in enumerate(parents):  # parents first, siblings distinct
+        assert parent < i
+        siblings = [proposal.tokens[j] for j, other in enumerate(parents) if other == parent]
+        assert len(set(int(t) for t in siblings)) == len(siblings)
+
+
+def test_trained_tree_kind_loads_eagle_and_refuses_the_others(trained):
+    target, _, out = trained
+    assert isinstance(load_trained_drafter(out["eagle"][1], target, tree=True), EagleTreeDrafter)
+    assert isinstance(build_drafter(f"trained-tree:{out['eagle'][1]}", target), EagleTreeDrafter)
+    with pytest.raises(SpecdecError, match="needs an eagle"):
+        build_drafter(f"trained-tree:{out['medusa'][1]}", target)

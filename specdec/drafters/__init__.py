@@ -91,12 +91,12 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
         check_same_tokenizer(target.tokenizer, loaded.tokenizer, target.name, draft)
         target_width = target.model.get_output_embeddings().weight.shape[0]
         return ModelDrafter(make_backend(loaded.model, backend), target_width, label=Path(draft).name or draft)
-    if kind == "trained":
+    if kind in ("trained", "trained-tree"):
         draft = draft or shipped_drafter(target.name)
         if not draft:
-            raise SpecdecError(f"no trained drafter ships for {target.name!r}: give its directory, trained:DIR "
+            raise SpecdecError(f"no trained drafter ships for {target.name!r}: give its directory, {kind}:DIR "
                                "(make one with `specdec train-drafter`)")
-        return load_trained_drafter(draft, target)
+        return load_trained_drafter(draft, target, tree=kind == "trained-tree")
     if is_trained_drafter(kind):
         return load_trained_drafter(kind, target)
     if Path(kind).exists():

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from ..modeling import Arch, Decoder, KVCache, LayerWeights, RopeTable, causal_attend, layer_aten, theta_angles
 from ..modeling.packing import pack, packed_linear
+from ..modeling.tree import TreeLayout
 
 KINDS = ("draft-lm", "eagle", "medusa")
 
@@ -183,10 +184,12 @@ class DraftNet(nn.Module):
             out = torch.tanh(out / self.config.softcap) * self.config.softcap
         return out
 
-    def _run_blocks(self, x: torch.Tensor, cache: KVCache | None, start: int, decoder: Decoder) -> torch.Tensor:
-        """x (B, T, d) at positions start..: causal within x (training), or (B = 1) over a cache."""
+    def _run_blocks(self, x: torch.Tensor, cache: KVCache | None, start: int, decoder: Decoder,
+                    tree: TreeLayout | None = None) -> torch.Tensor:
+        """x (B, T, d) at positions start..: causal within x (training), or (B = 1) over a cache
+        (with a tree layout: row i at start + depth, seeing the cache and its ancestors)."""
         if cache is not None:
-            return decoder.run(x[0], start, cache)[None]
+            return decoder.run(x[0], start, cache, tree)[None]
         cos, sin = decoder.rope.span("default", start, start + x.shape[1])
         for layer in decoder.layers:
             x = layer_aten(x, layer, self.arch, cos, sin, decoder.linear, causal_attend(self.arch))
@@ -201,11 +204,12 @@ class DraftNet(nn.Module):
         return decoder.project(decoder.norm(h, self.norm.weight), self._head())
 
     def eagle(self, features: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache | None = None,
-              start: int = 0) -> torch.Tensor:
-        """eagle: (B, T, d) features f_t and (B, T) tokens x_{t+1} -> (B, T, d) predicted f_{t+1}."""
+              start: int = 0, tree: TreeLayout | None = None) -> torch.Tensor:
+        """eagle: (B, T, d) features f_t and (B, T) tokens x_{t+1} -> (B, T, d) predicted f_{t+1}
+        (over a cache, the rows may be a token tree: `tree`)."""
         decoder = self.decoder()
         x = self._dense(self.fc, torch.cat([features, self.embed_tokens(next_tokens)], dim=-1), decoder)
-        return decoder.norm(self._run_blocks(x, cache, start, decoder), self.norm.weight)
+        return decoder.norm(self._run_blocks(x, cache, start, decoder, tree), self.norm.weight)
 
     def medusa_features(self, features: torch.Tensor) -> torch.Tensor:
         """medusa: (..., d) features f_t -> (K, ..., d); head k's output gives x_{t+1+k}'s logits."""

@@ -25,7 +25,8 @@ import torch
 from ..backends import Backend
 from ..config import SamplingParams
 from ..errors import SpecdecError
-from ..sampling import draw, probs
+from ..modeling.tree import TreeLayout
+from ..sampling import coupled_draw, draw, probs
 from .base import Drafter, Proposal
 from .model import ModelDrafter
 from .nets import KINDS, DraftConfig, DraftNet
@@ -244,6 +245,107 @@ class EagleDrafter(Drafter):
         self.cache.length = min(self.cache.length, max(kept - 1, 0))
 
 
+class EagleTreeDrafter(EagleDrafter):
+    """EAGLE drafting a token tree (EAGLE-2's dynamic tree, simplified): each level expands the
+    `beam` nodes of highest cumulative draft probability into `branch` children each, for up to
+    `gamma` levels and `max_nodes` nodes; the draft net runs each level as one tree pass over its
+    own cache (every node sees the context and its ancestors).
+
+    Which children a node gets keeps verification exact (specdec.rejection, token trees):
+    - T = 0: the `branch` likeliest tokens of q (point masses; the target's argmax decides);
+    - drafter-invariant sampling: the position's coupled draw from q, then the likeliest others
+      (point masses; the target's own draw decides);
+    - rejection sampling: `branch` independent draws from q, all kept, so a node's children never
+      depend on their own values (the multi-round rule's premise); which nodes are expanded may
+      depend on anything the drafter knows.
+
+    Worked example, gamma=2, branch=2, beam=1: the root's two likeliest tokens a, b become nodes 0
+    and 1; the likelier, a, is expanded into its two likeliest, c and d: tokens [a, b, c, d],
+    parents [-1, -1, 0, 0]."""
+
+    def __init__(self, net: DraftNet, label: str, branch: int = 3, beam: int = 3, max_nodes: int = 12):
+        super().__init__(net, label)
+        self.name = f"eagle-tree:{label}"
+        if min(branch, beam, max_nodes) < 1:
+            raise ValueError(f"branch, beam and max_nodes must be >= 1, got {branch}, {beam}, {max_nodes}")
+        self.branch, self.beam, self.max_nodes = branch, beam, max_nodes
+
+    def _children(self, feature: torch.Tensor, sampling: SamplingParams, generator: torch.Generator,
+                  position: int) -> tuple[list[tuple[int, float]], torch.Tensor | None]:
+        """A node's children as (target token id, draft probability), and the q they were drawn
+        from (rejection sampling only; None for point masses)."""
+        logits = self.net.logits(feature[None]).float()  # (1, |S|)
+        vocab, width = self.net.vocab, self.target.vocab_size
+        if sampling.greedy:
+            top = torch.softmax(logits[0], -1).topk(min(self.branch, logits.shape[-1]))
+            return [(int(vocab[i]), float(v)) for v, i in zip(top.values, top.indices)], None
+        q = _full_width(probs(logits, sampling), vocab, width, 0.0)[0]  # (V,)
+        if sampling.drafter_invariant:
+            first = coupled_draw(q, sampling.seed, position)
+            others = [int(t) for t in q.topk(self.branch + 1).indices if int(t) != first and q[t] > 0]
+            return [(t, float(q[t])) for t in [first] + others[: self.branch - 1]], None
+        drawn = torch.multinomial(q, self.branch, replacement=True, generator=generator).tolist()
+        return [(t, float(q[t])) for t in drawn], q
+
+    @torch.inference_mode()
+    def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,
+                generator: torch.Generator) -> Proposal:
+        known = self.target.length
+        if known == 0 or known + 1 != context.numel():
+            return Proposal.empty()
+        start = min(self.cache.length, known - 1)
+        features = self.target.hidden(start, known)[None]  # (1, m, d)
+        next_tokens = context[start + 1 : known + 1].to(features.device)[None]
+        predicted = {-1: self.net.eagle(features, next_tokens, self.cache, start)[0, -1]}  # node -> its f̂
+        self.cache.length = known  # pairs built from the target's true features only
+        root_pair = (features[0, -1], int(context[known]))  # (f_{known-1}, x_known), at slot known - 1
+        tokens: list[int] = []
+        parents: list[int] = []
+        qs: list[torch.Tensor] = []
+        score = {-1: 1.0}
+        frontier = [-1]
+        for level in range(gamma):
+            offers = []  # (cumulative score, parent, token, q), grouped by parent in frontier order
+            for node in frontier:
+                children, q = self._children(predicted[node], sampling, generator, context.numel() + level)
+                offers.append([(score[node] * prob, node, token, q) for token, prob in children])
+            room = self.max_nodes - len(tokens)
+            if sampling.greedy or sampling.drafter_invariant:  # point masses: keep the best offers anywhere
+                chosen = sorted((o for group in offers for o in group), key=lambda o: -o[0])[:room]
+                chosen.sort(key=lambda o: (frontier.index(o[1]), -o[0]))  # by parent, likeliest first
+            else:  # a node's draws all, or none of them
+                chosen = []
+                for group in offers:
+                    if len(chosen) + len(group) > room:
+                        break
+                    chosen += group
+            if not chosen:
+                break
+            new = []
+            for value, parent, token, q in chosen:
+                tokens.append(token)
+                parents.append(parent)
+                if q is not None:
+                    qs.append(q)
+                score[len(tokens) - 1] = value
+                new.append(len(tokens) - 1)
+            if level + 1 == gamma or len(tokens) >= self.max_nodes:
+                break
+            # f̂ of every node so far, in one tree pass: the root pair again (row 0), then each node
+            # with its parent's f̂ (the root's for the first level)
+            inputs = torch.stack([root_pair[0]] + [predicted[parent] for parent in parents])[None]
+            ids = torch.tensor([root_pair[1]] + tokens, device=features.device)[None]
+            out = self.net.eagle(inputs, ids, self.cache, known - 1, TreeLayout.of(torch.tensor(parents)))[0]
+            self.cache.length = known
+            for node in range(len(tokens)):
+                predicted[node] = out[1 + node]
+            frontier = sorted(new, key=lambda node: -score[node])[: self.beam]
+        if not tokens:
+            return Proposal.empty()
+        return Proposal(torch.tensor(tokens, dtype=torch.long), torch.stack(qs) if qs else None,
+                        torch.tensor(parents, dtype=torch.long))
+
+
 class MedusaDrafter(Drafter):
     cost_prior = 0.02
     reads_features = True
@@ -274,10 +376,16 @@ class MedusaDrafter(Drafter):
         return Proposal(torch.tensor(tokens, dtype=torch.long), torch.stack(dists) if dists else None)
 
 
-def load_trained_drafter(directory: str | Path, target) -> Drafter:
-    """The drafter saved in `directory`, checked against `target` (a LoadedModel)."""
+def load_trained_drafter(directory: str | Path, target, tree: bool = False) -> Drafter:
+    """The drafter saved in `directory`, checked against `target` (a LoadedModel); with `tree`, an
+    EAGLE drafter that proposes token trees (EagleTreeDrafter)."""
     net = load_net(directory, target)
     label = Path(directory).name
+    if tree:
+        if net.config.kind != "eagle":
+            raise SpecdecError(f"tree drafting needs an eagle drafter; {directory} holds a {net.config.kind} drafter "
+                               "(use trained:DIR for it)")
+        return EagleTreeDrafter(net, label)
     width = target.model.get_output_embeddings().weight.shape[0]
     if net.config.kind == "draft-lm":
         drafter = ModelDrafter(DraftLMBackend(net, width), width, label=label)
