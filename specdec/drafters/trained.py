@@ -263,7 +263,7 @@ class EagleTreeDrafter(EagleDrafter):
     and 1; the likelier, a, is expanded into its two likeliest, c and d: tokens [a, b, c, d],
     parents [-1, -1, 0, 0]."""
 
-    def __init__(self, net: DraftNet, label: str, branch: int = 3, beam: int = 3, max_nodes: int = 12):
+    def __init__(self, net: DraftNet, label: str, branch: int = 2, beam: int = 2, max_nodes: int = 6):
         super().__init__(net, label)
         self.name = f"eagle-tree:{label}"
         if min(branch, beam, max_nodes) < 1:
