@@ -218,16 +218,25 @@ class EagleDrafter(Drafter):
     def begin(self, prompt: torch.Tensor) -> None:
         self.cache = self.net.new_cache()
 
-    @torch.inference_mode()
-    def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Proposal:
+    def _catch_up(self, context: torch.Tensor) -> tuple[int, torch.Tensor, torch.Tensor] | None:
+        """Feed the draft net the (feature, next token) pairs it has not seen: returns the target's
+        length `known`, its last feature f_{known-1} (d,) and the predicted f̂_{known} (1, 1, d);
+        None when the target does not hold features for this context."""
         known = self.target.length  # features f_0..f_{known-1}; the context is one token longer
         if known == 0 or known + 1 != context.numel():
-            return Proposal.empty()
+            return None
         start = min(self.cache.length, known - 1)
         features = self.target.hidden(start, known)[None]  # (1, m, d)
         next_tokens = context[start + 1 : known + 1].to(features.device)[None]  # (1, m)
-        predicted = self.net.eagle(features, next_tokens, self.cache, start)[:, -1:]  # (1, 1, d): f̂_{known}
+        return known, features[0, -1], self.net.eagle(features, next_tokens, self.cache, start)[:, -1:]
+
+    @torch.inference_mode()
+    def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,
+                generator: torch.Generator) -> Proposal:
+        caught_up = self._catch_up(context)
+        if caught_up is None:
+            return Proposal.empty()
+        known, last_feature, predicted = caught_up
         tokens, dists = [], []
         for i in range(gamma):
             token, q = _draw(self.net.logits(predicted[0]).float(), self.net.vocab, self.target.vocab_size,
@@ -236,7 +245,7 @@ class EagleDrafter(Drafter):
             if q is not None:
                 dists.append(q)
             if i + 1 < gamma:
-                predicted = self.net.eagle(predicted, torch.tensor([[token]], device=features.device), self.cache,
+                predicted = self.net.eagle(predicted, torch.tensor([[token]], device=last_feature.device), self.cache,
                                            known + i)
         self.cache.length = known  # keep only pairs built from the target's true features
         return Proposal(torch.tensor(tokens, dtype=torch.long), torch.stack(dists) if dists else None)
@@ -290,15 +299,13 @@ class EagleTreeDrafter(EagleDrafter):
     @torch.inference_mode()
     def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Proposal:
-        known = self.target.length
-        if known == 0 or known + 1 != context.numel():
+        caught_up = self._catch_up(context)
+        if caught_up is None:
             return Proposal.empty()
-        start = min(self.cache.length, known - 1)
-        features = self.target.hidden(start, known)[None]  # (1, m, d)
-        next_tokens = context[start + 1 : known + 1].to(features.device)[None]
-        predicted = {-1: self.net.eagle(features, next_tokens, self.cache, start)[0, -1]}  # node -> its f̂
+        known, last_feature, root_prediction = caught_up
+        predicted = {-1: root_prediction[0, 0]}  # node -> its f̂
         self.cache.length = known  # pairs built from the target's true features only
-        root_pair = (features[0, -1], int(context[known]))  # (f_{known-1}, x_known), at slot known - 1
+        root_pair = (last_feature, int(context[known]))  # (f_{known-1}, x_known), at slot known - 1
         tokens: list[int] = []
         parents: list[int] = []
         qs: list[torch.Tensor] = []
@@ -334,7 +341,7 @@ class EagleTreeDrafter(EagleDrafter):
             # f̂ of every node so far, in one tree pass: the root pair again (row 0), then each node
             # with its parent's f̂ (the root's for the first level)
             inputs = torch.stack([root_pair[0]] + [predicted[parent] for parent in parents])[None]
-            ids = torch.tensor([root_pair[1]] + tokens, device=features.device)[None]
+            ids = torch.tensor([root_pair[1]] + tokens, device=last_feature.device)[None]
             out = self.net.eagle(inputs, ids, self.cache, known - 1, TreeLayout.of(torch.tensor(parents)))[0]
             self.cache.length = known
             for node in range(len(tokens)):
