@@ -236,7 +236,11 @@ class EagleDrafter(Drafter):
         caught_up = self._catch_up(context)
         if caught_up is None:
             return Proposal.empty()
-        known, last_feature, predicted = caught_up
+        return self._draft(context, gamma, sampling, generator, *caught_up)
+
+    def _draft(self, context: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator,
+               known: int, last_feature: torch.Tensor, predicted: torch.Tensor) -> Proposal:
+        """Draft from the caught-up state (see _catch_up): a chain of up to gamma tokens."""
         tokens, dists = [], []
         for i in range(gamma):
             token, q = _draw(self.net.logits(predicted[0]).float(), self.net.vocab, self.target.vocab_size,
@@ -296,13 +300,9 @@ class EagleTreeDrafter(EagleDrafter):
         drawn = torch.multinomial(q, self.branch, replacement=True, generator=generator).tolist()
         return [(t, float(q[t])) for t in drawn], q
 
-    @torch.inference_mode()
-    def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,
-                generator: torch.Generator) -> Proposal:
-        caught_up = self._catch_up(context)
-        if caught_up is None:
-            return Proposal.empty()
-        known, last_feature, root_prediction = caught_up
+    def _draft(self, context: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator,
+               known: int, last_feature: torch.Tensor, root_prediction: torch.Tensor) -> Proposal:
+        """Draft a tree of up to gamma levels from the caught-up state (see _catch_up)."""
         predicted = {-1: root_prediction[0, 0]}  # node -> its f̂
         self.cache.length = known  # pairs built from the target's true features only
         root_pair = (last_feature, int(context[known]))  # (f_{known-1}, x_known), at slot known - 1

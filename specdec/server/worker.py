@@ -60,7 +60,7 @@ class Output:
         self.job, self.member, self.tokenizer, self.lock = job, member, tokenizer, tokenizer_lock
         self.text = TextStream(tokenizer)
         self.full, self.sent = "", 0
-        self.described = 0  # tokens whose log-probabilities have been sent
+        self.described: list[dict] = []  # log-probability entries sent so far, a token each
         self.stopped_at: int | None = None  # characters through the end of the stop string
         self.hold = max((len(s) for s in job.stops), default=1) - 1  # a stop string may straddle two chunks
 
@@ -68,10 +68,10 @@ class Output:
         """Entries of the tokens after those already sent, up to `through` tokens in all."""
         if self.member.logprobs is None:
             return None
-        entries = self.member.logprobs[self.described : through]
-        self.described += len(entries)
         with self.lock:
-            return [describe(entry, self.tokenizer) for entry in entries]
+            entries = [describe(entry, self.tokenizer) for entry in self.member.logprobs[len(self.described) : through]]
+        self.described += entries
+        return entries
 
     def push(self, tokens: list[int]) -> bool:
         """Take a round's tokens; True when a stop string has ended the answer."""
@@ -95,10 +95,7 @@ class Output:
         if len(self.full) > self.sent or rest:
             self.job.emit("text", (self.full[self.sent :], rest))
             self.sent = len(self.full)
-        if self.member.logprobs is None:
-            return None
-        with self.lock:
-            return [describe(entry, self.tokenizer) for entry in self.member.logprobs[:tokens]]
+        return None if self.member.logprobs is None else self.described[:tokens]
 
     def completion_tokens(self, tokens: list[int]) -> int:
         """Tokens the answer used: all of them, or the fewest whose text reaches the end of the stop
@@ -144,10 +141,6 @@ class Worker:
         thread = threading.Thread(target=self.run, name="specdec-worker", daemon=True)
         thread.start()
         return thread
-
-    @property
-    def max_batch(self) -> int:
-        return self.batch.max_batch
 
     def _gauges(self) -> None:
         """Call with the lock held."""
