@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends import make_backend
-from .config import SamplingParams, SpecConfig
-from .drafters import build_drafter
+from .backends import target_backend
+from .config import WEIGHTS, SamplingParams, SpecConfig
+from .drafters import build_drafter, parse_drafter
 from .engine import Generation, SpeculativeEngine
+from .errors import SpecdecError
 from .metrics import GenerationStats
 from .models import load_model
 from .text import TextStream
@@ -50,14 +51,21 @@ class SpecDec:
     trained drafter ships for the target, that drafter for sampled ones; measured faster so).
     backend: auto (the lean forward pass where the architecture is known, else transformers),
     lean or transformers.
+    weights: auto, gguf or float (config.WEIGHTS): whether a built-in target's linear layers read the
+    GGUF file's own blocks (the self-q4 drafter needs the target on float weights: auto then means float).
     """
 
     def __init__(self, target: str = "smollm2-135m", drafter: str = "auto", dtype: str = "auto", device: str = "cpu",
-                 backend: str = "auto"):
+                 backend: str = "auto", weights: str = "auto"):
+        if weights not in WEIGHTS:
+            raise SpecdecError(f"unknown weights {weights!r}: use {', '.join(WEIGHTS)}")
         self.target = load_model(target, dtype, device)
-        self.drafter = build_drafter(drafter, self.target, dtype, device, backend)
-        self.engine = SpeculativeEngine(make_backend(self.target.model, backend), self.drafter,
-                                        self.target.eos_token_ids)
+        if weights == "auto" and parse_drafter(drafter)[0] == "self-q4":
+            weights = "float"
+        target_pass = target_backend(self.target, backend, weights, dtype)
+        self.drafter = build_drafter(drafter, self.target, dtype, device, backend,
+                                     target_on_blocks=getattr(target_pass, "gguf", None) is not None)
+        self.engine = SpeculativeEngine(target_pass, self.drafter, self.target.eos_token_ids)
 
     @property
     def tokenizer(self):

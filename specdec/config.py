@@ -22,11 +22,16 @@ BUILTIN_TARGETS = ("smollm2-135m", "gemma3-270m")
 """The models that install from PyPI with specdec (specdec.models says where from)."""
 BACKENDS = ("auto", "lean", "transformers")
 """The forward passes a target can run on (specdec.backends.make_backend)."""
-DRAFTER_KINDS = ("auto", "prompt-lookup", "prompt-lookup-tree", "suffix", "ngram", "model", "trained", "trained-tree",
-                 "none")
-DRAFTER_SYNTAX = ("auto, prompt-lookup, prompt-lookup-tree, suffix, ngram[:TABLE.npz], model:NAME_OR_DIR, trained[:DIR], "
-                  "trained-tree[:DIR], none, or a trained drafter's directory")
+DRAFTER_KINDS = ("auto", "prompt-lookup", "prompt-lookup-tree", "suffix", "ngram", "model", "self-q4", "trained",
+                 "trained-tree", "none")
+DRAFTER_SYNTAX = ("auto, prompt-lookup, prompt-lookup-tree, suffix, ngram[:TABLE.npz], model:NAME_OR_DIR, self-q4, "
+                  "trained[:DIR], trained-tree[:DIR], none, or a trained drafter's directory")
 """How a drafter is named everywhere (CLI, API, server, bench): KIND or KIND:ARGUMENT."""
+
+WEIGHTS = ("auto", "gguf", "float")
+"""--weights: where a built-in (GGUF) target's linear layers read their weights. gguf: the file's own
+4/8-bit blocks (backends/gguf.py), float: the dequantised weights in --dtype, auto: gguf where it was
+measured faster (float32 activations chosen by --dtype auto, the lean backend, a CPU that runs quant.cpp)."""
 
 
 def parse_drafter(spec: str) -> tuple[str, str | None]:
@@ -43,7 +48,7 @@ def parse_drafter(spec: str) -> tuple[str, str | None]:
     kind, sep, argument = spec.partition(":")
     if not sep or kind not in DRAFTER_KINDS or Path(spec).exists():
         return spec, None
-    if kind in ("auto", "prompt-lookup", "prompt-lookup-tree", "suffix", "none"):
+    if kind in ("auto", "prompt-lookup", "prompt-lookup-tree", "suffix", "self-q4", "none"):
         raise SpecdecError(f"the {kind} drafter takes no argument, got {spec!r}")
     if not argument:
         raise SpecdecError(f"{spec!r}: give the argument after the colon, as in {kind}:PATH")

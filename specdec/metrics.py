@@ -161,7 +161,7 @@ class GenerationStats:
 
         parts = [
             f"{self.new_tokens} tokens in {self.decode_seconds:.2f}s ({fmt(self.tokens_per_second, '.1f')} tok/s)",
-            f"target calls {self.target_calls}",
+            f"target calls {self.target_calls}" + (f" on {self.path}" if self.path else ""),
             f"drafter {self.drafter}",
         ]
         if self.drafted:

@@ -139,6 +139,7 @@ class LoadedModel:
     model: object  # transformers PreTrainedModel
     tokenizer: object  # transformers PreTrainedTokenizerBase
     dtype: torch.dtype
+    gguf: Path | None = None  # the GGUF file a built-in model was converted from (its blocks can serve as weights)
 
     @property
     def has_chat_template(self) -> bool:
@@ -235,7 +236,8 @@ def load_model(name: str, dtype: str | torch.dtype = "auto", device: str = "cpu"
     except (OSError, ValueError, KeyError) as exc:
         raise _describe_unknown(name, exc) from None
     model.eval()
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=torch_dtype)
+    gguf = Path(BUILTIN_MODELS[name].locate_gguf()) if name in BUILTIN_MODELS else None
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=torch_dtype, gguf=gguf)
 
 
 def tokenizer_fingerprint(tokenizer) -> str:

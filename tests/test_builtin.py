@@ -51,10 +51,11 @@ def test_main_job_cli_compare_json():
     proc = run_cli("generate", PROMPTS[1], "--max-new-tokens", "48", "--compare", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    from specdec.modeling import kernels
+    from specdec.modeling import kernels, quant
 
-    # auto picks the lean forward pass for Llama, in bf16 on kernels.cpp where they build
-    assert out["stats"]["path"] == ("lean+kernels" if kernels.load() else "lean")
+    # auto picks the lean forward pass for Llama: in bf16 on kernels.cpp where they build, else on the
+    # GGUF file's blocks (quant.cpp, AVX2), else float32 on oneDNN
+    assert out["stats"]["path"] == ("lean+kernels" if kernels.load() else "lean+gguf" if quant.load() else "lean")
     assert out["stats"]["new_tokens"] > 0 and out["baseline"]["stats"]["new_tokens"] > 0
     assert out["speedup"] > 0
     assert out["stats"]["accepted"] > 0  # the answer quotes the code, so prompt lookup must hit

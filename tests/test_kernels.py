@@ -10,11 +10,12 @@ import torch.nn.functional as F
 
 from helpers import tiny_gemma3, tiny_llama
 from specdec.modeling import kernels, rotate
+from specdec.modeling.extension import cpu_flags
 
 
 @pytest.fixture(scope="module")
 def kern():
-    if "avx512_bf16" not in kernels._cpu_flags() or shutil.which("c++") is None:
+    if "avx512_bf16" not in cpu_flags() or shutil.which("c++") is None:
         pytest.skip("needs a CPU with AVX-512 BF16 and a C++ compiler (the lean backend then uses oneDNN)")
     module = kernels.load()
     assert module is not None, kernels.unavailable_reason()  # it must build wherever it can run

@@ -2,6 +2,6 @@
 
 from .base import Backend, Step
 from .hf import TransformersBackend
-from .lean import LeanBackend, make_backend
+from .lean import LeanBackend, make_backend, target_backend
 
-__all__ = ["Backend", "Step", "TransformersBackend", "LeanBackend", "make_backend"]
+__all__ = ["Backend", "Step", "TransformersBackend", "LeanBackend", "make_backend", "target_backend"]

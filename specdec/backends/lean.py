@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import copy
 import math
+from pathlib import Path
 
 import torch
 
 from ..config import BACKENDS
 from ..errors import SpecdecError
-from ..modeling import KERNEL_ROWS, Arch, Decoder, LayerWeights, RopeTable, Segment, kernels, rotary_module_angles
+from ..modeling import KERNEL_ROWS, Arch, Decoder, LayerWeights, RopeTable, Segment, kernels, quant, rotary_module_angles
 from ..modeling.packing import can_pack, pack, packed_linear
 from .base import Backend, Step
+from .gguf import GGUFWeights, choose_weights
 
 SUPPORTED = ("llama", "gemma3_text")
 
@@ -49,7 +51,9 @@ class LeanBackend(Backend):
     path = "lean"
     """"lean+kernels" when the bf16 steps run on kernels.cpp, "lean" when on oneDNN (fp32, or no kernels)."""
 
-    def __init__(self, model, use_kernels: bool = True):
+    def __init__(self, model, use_kernels: bool = True, gguf: Path | GGUFWeights | None = None):
+        """gguf: the GGUF file `model` was converted from (or its blocks, read), which then serve as
+        the linear layers' and LM head's weights (float32 models only; see backends/gguf.py)."""
         super().__init__()
         config = model.config
         self.model = model  # the transformers model the weights come from (peers and drafters reuse it)
@@ -71,17 +75,27 @@ class LeanBackend(Backend):
         if kern is not None:
             self.path = "lean+kernels"
             self.fast_rows = KERNEL_ROWS
+        self.gguf = None
+        if gguf is not None:
+            if self.dtype != torch.float32 or self.device.type != "cpu":
+                raise SpecdecError("GGUF weights run on the CPU with float32 activations: load the model in float32")
+            if quant.load() is None:
+                raise SpecdecError(f"the GGUF kernels cannot run here: {quant.unavailable_reason()}")
+            self.gguf = gguf if isinstance(gguf, GGUFWeights) else GGUFWeights.read(Path(gguf))
+            self.path = "lean+gguf"
+        self.params_on_blocks = self.params_total = 0
+        linear = packed_linear if self.packed else torch.nn.functional.linear
         with torch.no_grad():
             self.embed = inner.embed_tokens.weight.detach()
             self.embed_scale = (torch.tensor(config.hidden_size ** 0.5, dtype=self.dtype) if self.gemma else None)
-            self.lm_head = self._pack(model.get_output_embeddings().weight)
+            head = model.get_output_embeddings().weight
+            self.lm_head = self._weight(head, self.gguf.lm_head() if self.gguf else None)
             self.final_norm = self._norm_weight(inner.norm.weight)
             layers = [self._layer(layer, i, config) for i, layer in enumerate(inner.layers)]
         kinds = sorted({layer.rope for layer in layers})
         rope = RopeTable(rotary_module_angles(inner.rotary_emb, kinds, self.dtype, self.device), self.dtype,
                          self.device, self.max_length)
-        self.decoder = Decoder(self.arch, layers, rope, packed_linear if self.packed else torch.nn.functional.linear,
-                               kern)
+        self.decoder = Decoder(self.arch, layers, rope, quant.quant_linear(linear) if self.gguf else linear, kern)
         self.cache = self.decoder.new_cache(self.max_length)
 
     @property
@@ -89,6 +103,9 @@ class LeanBackend(Backend):
         return self.decoder.kernels
 
     def numeric_path(self, rows: int) -> str:
+        if self.gguf is not None:
+            share = self.params_on_blocks / self.params_total
+            return f"GGUF blocks on quant.cpp ({share:.0%} of the weights), oneDNN for the rest"
         if self.kernels is not None and rows <= KERNEL_ROWS:
             return "kernels.cpp"
         return "oneDNN (pre-packed)" if self.packed else "ATen"
@@ -110,13 +127,29 @@ class LeanBackend(Backend):
         else:
             norms["mlp_in"] = self._norm_weight(layer.post_attention_layernorm.weight)
             kind, window = "default", None
+        blocks = self.gguf.layer if self.gguf else (lambda *_, **__: None)
+        heads = {"q": config.num_attention_heads, "k": config.num_key_value_heads}
+        qkv = [blocks(index, part, heads[part] if part in heads else None) for part in ("q", "k", "v")]
+        gate_up = [blocks(index, part) for part in ("gate", "up")]
         return LayerWeights(
-            wqkv=self._pack(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])),
-            wo=self._pack(attn.o_proj.weight),
-            wgu=self._pack(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-            wdown=self._pack(mlp.down_proj.weight), norms=norms, rope=kind, window=window)
+            wqkv=self._weight(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), *qkv),
+            wo=self._weight(attn.o_proj.weight, blocks(index, "o")),
+            wgu=self._weight(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), *gate_up),
+            wdown=self._weight(mlp.down_proj.weight, blocks(index, "down")), norms=norms, rope=kind, window=window)
 
-    def _pack(self, weight: torch.Tensor) -> torch.Tensor:
+    def _weight(self, weight: torch.Tensor, *blocks: quant.QuantWeight | None):
+        """A matrix as the decoder multiplies it: the GGUF blocks of its parts when every part has
+        blocks quant.cpp reads (several parts fused), else the float weight, pre-packed for oneDNN
+        where it can be."""
+        if self.gguf is not None:
+            chosen = quant.fuse(list(blocks)) if blocks and all(b is not None for b in blocks) else None
+            self.params_total += weight.numel()
+            if chosen is not None and quant.shape(chosen) != tuple(weight.shape):
+                raise SpecdecError(f"the GGUF file's blocks hold a {quant.shape(chosen)} matrix where the model has "
+                                   f"{tuple(weight.shape)}: it is not the file this model was converted from")
+            if chosen is not None:
+                self.params_on_blocks += weight.numel()
+                return chosen
         return pack(weight) if self.packed else weight.detach().contiguous()
 
     def _reset(self) -> None:
@@ -186,16 +219,27 @@ class LeanBackend(Backend):
         return out
 
 
-def make_backend(model, prefer: str = "auto") -> Backend:
-    """The lean path for architectures it knows (unless prefer="transformers"), else transformers."""
+def make_backend(model, prefer: str = "auto", gguf: Path | None = None) -> Backend:
+    """The lean path for architectures it knows (unless prefer="transformers"), else transformers.
+    gguf: read the linear layers' weights from this GGUF file's blocks (lean only; backends/gguf.py)."""
     from .hf import TransformersBackend
 
     if prefer not in BACKENDS:
         raise ValueError(f"unknown backend {prefer!r}: use {', '.join(BACKENDS)}")
     if prefer != "transformers" and supports(model):
-        return LeanBackend(model)
+        return LeanBackend(model, gguf=gguf)
     if prefer == "lean":
         raise SpecdecError(f"the lean backend knows {', '.join(SUPPORTED)}, not {model.config.model_type!r}: "
                            "use --backend transformers")
     return TransformersBackend(model)
 
+
+
+def target_backend(loaded, prefer: str = "auto", weights: str = "auto", dtype_choice="auto") -> Backend:
+    """The backend a LoadedModel target runs on: make_backend's choice, its linear layers on the
+    GGUF file's blocks where `weights` (config.WEIGHTS) says so (backends/gguf.choose_weights)."""
+    if prefer not in BACKENDS:
+        raise ValueError(f"unknown backend {prefer!r}: use {', '.join(BACKENDS)}")
+    runs_on = prefer if supports(loaded.model) else "transformers"
+    gguf = choose_weights(weights, loaded.gguf, loaded.dtype, dtype_choice, runs_on)
+    return make_backend(loaded.model, prefer, gguf=gguf)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import theory
-from ..backends import make_backend
+from ..backends import target_backend
 from ..config import SamplingParams, SpecConfig
 from ..drafters import build_drafter, parse_drafter
 from ..engine import SpeculativeEngine
@@ -38,6 +38,9 @@ class BenchConfig:
     dtype: str = "auto"
     backend: str = "auto"
     """auto (lean where known), lean or transformers: the forward pass specdec's rows run on."""
+    weights: str = "auto"
+    """auto, gguf or float (config.WEIGHTS): a built-in target's linear layers on its GGUF blocks or
+    float weights (auto is float when a self-q4 drafter is benchmarked)."""
     peers: bool = True
     coupled: bool = False
     """Also run each drafter at T > 0 with drafter-invariant sampling (method "NAME+coupled"), the
@@ -64,13 +67,17 @@ def collect_prompts(config: BenchConfig) -> list[Prompt]:
 def run_bench(config: BenchConfig, progress=None) -> list[dict]:
     """Run everything; returns rows (also the input of the table and plots)."""
     target = load_model(config.target, config.dtype)
-    backend = make_backend(target.model, config.backend)
+    weights = config.weights
+    if weights == "auto" and any(parse_drafter(spec)[0] == "self-q4" for spec in config.drafters):
+        weights = "float"
+    backend = target_backend(target, config.backend, weights, config.dtype)
+    on_blocks = getattr(backend, "gguf", None) is not None
     eos = target.eos_token_ids
     plain_engine = SpeculativeEngine(backend, None, eos)
     engines = {}
     for spec in config.drafters:
         kind, arg = parse_drafter(spec)
-        drafter = build_drafter(spec, target, config.dtype, backend=config.backend)
+        drafter = build_drafter(spec, target, config.dtype, backend=config.backend, target_on_blocks=on_blocks)
         engines[spec] = (SpeculativeEngine(backend, drafter, eos), drafter, kind, arg)
     prompts = collect_prompts(config)
     encode = target.encode

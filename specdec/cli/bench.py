@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
     config = BenchConfig(target=args.target, drafters=args.drafter or ["prompt-lookup"], tasks=args.tasks,
                          temperatures=args.temperatures, gammas=args.gammas, prompts_per_task=args.prompts_per_task,
                          prompts_file=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                         dtype=args.dtype, backend=args.backend, peers=not args.no_peers, coupled=args.coupled)
+                         dtype=args.dtype, backend=args.backend, weights=args.weights, peers=not args.no_peers,
+                         coupled=args.coupled)
     if args.quick:
         config.tasks = [t for t in config.tasks if t in ("translate", "code")] or config.tasks[:1]
         config.prompts_per_task, config.temperatures = 1, [0.0]

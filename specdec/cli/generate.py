@@ -18,7 +18,8 @@ def run(args: argparse.Namespace) -> int:
     if not prompt.strip():
         raise SpecdecError("the prompt is empty: give some text, or '-' to read it from standard input")
     check_sampling_args(args)
-    sd = SpecDec(target=args.target, drafter=args.drafter, dtype=args.dtype, device=args.device, backend=args.backend)
+    sd = SpecDec(target=args.target, drafter=args.drafter, dtype=args.dtype, device=args.device, backend=args.backend,
+                 weights=args.weights)
     kwargs = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, seed=args.seed, chat=args.chat)
     if args.compare:  # short warm-ups of both kinds of pass, so neither run pays for first-call set-up

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import BACKENDS, BUILTIN_TARGETS, DRAFTER_SYNTAX, SamplingParams, SpecConfig
+from ..config import BACKENDS, BUILTIN_TARGETS, DRAFTER_SYNTAX, WEIGHTS, SamplingParams, SpecConfig
 from ..errors import SpecdecError
 
 SAMPLING, SPEC = SamplingParams(), SpecConfig()
@@ -49,6 +49,10 @@ def add_model_args(parser: argparse.ArgumentParser, drafter: bool = True, repeat
     parser.add_argument("--device", default="cpu", help="torch device (default: %(default)s)")
     parser.add_argument("--backend", default="auto", choices=BACKENDS,
                         help="forward pass: auto (lean where the architecture is known), lean, transformers")
+    parser.add_argument("--weights", default="auto", choices=WEIGHTS,
+                        help="a built-in target's linear layers: gguf (the file's own 4/8-bit blocks, float32 "
+                             "activations), float (dequantised, in --dtype), auto (gguf where measured faster: "
+                             "--dtype auto giving float32, the lean backend; default)")
 
 
 def add_dtype(parser: argparse.ArgumentParser) -> None:

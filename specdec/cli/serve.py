@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
     else:  # on loopback, only loopback names: a web page cannot reach the server by DNS rebinding
         loopback = args.host in LOOPBACK_HOSTS or args.host.startswith("127.")
         allowed = (*LOOPBACK_HOSTS, args.host) if loopback else None
-    sd = SpecDec(target=args.target, drafter=args.drafter, dtype=args.dtype, device=args.device, backend=args.backend)
+    sd = SpecDec(target=args.target, drafter=args.drafter, dtype=args.dtype, device=args.device, backend=args.backend,
+                 weights=args.weights)
     sd.generate([sd.tokenizer.eos_token_id or 0], max_new_tokens=2, gamma=0)  # warm-up before the first client
     app = create_app(sd, args.served_model_name or args.target, api_key=api_key, max_queue=args.max_queue,
                      spec_off_depth=args.spec_off_depth, max_body_bytes=args.max_body_bytes, gamma=args.gamma,

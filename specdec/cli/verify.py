@@ -36,7 +36,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError("--drafter-invariant is for sampling: give --temperature > 0")
     if args.gamma == 0:
         raise SpecdecError("--gamma 0 is plain decoding: there is nothing speculative to verify")
-    sd = SpecDec(target=args.target, drafter=args.drafter, dtype=args.dtype, device=args.device, backend=args.backend)
+    sd = SpecDec(target=args.target, drafter=args.drafter, dtype=args.dtype, device=args.device, backend=args.backend,
+                 weights=args.weights)
     if sd.drafter is None:
         raise SpecdecError("--drafter none: there is nothing speculative to verify")
     texts = ([p.text for p in load_prompts_file(args.prompts)] if args.prompts else

@@ -1,0 +1,106 @@
+"""A built-in target's GGUF blocks as the lean backend's weights (`--weights gguf`).
+
+The built-in models are 4-bit GGUF files; transformers loads them by dequantising to float, and a
+float32 step then reads 4 bytes a weight (SmolLM2-135M: ~540 MB a token) where the file holds ~0.6
+(~100 MB). This module reads the file's blocks for the linear layers and the LM head and hands them to
+modeling/quant.cpp, which unpacks them in registers. The blocks dequantise to exactly the float32
+weights transformers loaded (tests/test_quant.py checks every matrix), so the model is the same and
+only the order of the sums differs; activations stay float32.
+
+Matrices whose block type the kernels do not read keep their float weights; the backend's
+`numeric_path` says how much of the model ran on blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..config import WEIGHTS
+from ..errors import SpecdecError
+from ..modeling import quant
+
+_LAYER_NAMES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
+                "down": "ffn_down"}
+
+
+def _unpermute(w: quant.QuantWeight, heads: int) -> quant.QuantWeight:
+    """Undo llama.cpp's rotary permutation of a Llama q or k projection's output rows (what
+    transformers' GGUF loader does to the dequantised matrix; rows of blocks move whole)."""
+    n = w.out_features
+    half = n // heads // 2
+    order = torch.arange(n).reshape(heads, half, 2).transpose(1, 2).reshape(n)
+    return w.rows(order)
+
+
+@dataclass
+class GGUFWeights:
+    """The blocks of one GGUF file that quant.cpp reads, by GGUF tensor name."""
+
+    path: Path
+    arch: str
+    tensors: dict[str, quant.QuantWeight]
+    skipped: dict[str, str] = field(default_factory=dict)  # name -> block type the kernels do not read
+
+    @classmethod
+    def read(cls, path: Path) -> GGUFWeights:
+        import gguf
+
+        reader = gguf.GGUFReader(str(path))
+        arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+        tensors, skipped = {}, {}
+        for tensor in reader.tensors:
+            if len(tensor.shape) != 2:
+                continue
+            kind = int(tensor.tensor_type)
+            if kind in quant.KINDS.values():
+                tensors[tensor.name] = quant.QuantWeight(torch.from_numpy(tensor.data.copy()), kind, int(tensor.shape[0]))
+            else:
+                skipped[tensor.name] = tensor.tensor_type.name
+        return cls(path, arch, tensors, skipped)
+
+    def layer(self, index: int, part: str, heads: int | None = None) -> quant.QuantWeight | None:
+        """A layer's projection (q, k, v, o, gate, up, down) in transformers' row order, or None when
+        the file's block type for it is not one the kernels read."""
+        w = self.tensors.get(f"blk.{index}.{_LAYER_NAMES[part]}.weight")
+        if w is not None and heads is not None and self.arch == "llama":
+            w = _unpermute(w, heads)
+        return w
+
+    def lm_head(self) -> quant.QuantWeight | None:
+        """The output projection (the token embedding where the file ties them)."""
+        if "output.weight" in self.tensors or "output.weight" in self.skipped:
+            return self.tensors.get("output.weight")
+        return self.tensors.get("token_embd.weight")
+
+
+def choose_weights(choice: str, gguf_path: Path | None, dtype: torch.dtype, dtype_choice: str, backend: str) -> Path | None:
+    """The GGUF file the lean backend should read its weights from, or None for float weights.
+
+    `auto` takes the blocks only where they were measured faster than the float path: float32
+    activations chosen by --dtype auto (a CPU without AVX-512 BF16, where kernels.cpp cannot run),
+    the lean backend, a built-in GGUF target and a CPU that runs quant.cpp. `gguf` insists, and says
+    what stands in the way."""
+    if choice not in WEIGHTS:
+        raise SpecdecError(f"unknown --weights {choice!r}: use {', '.join(WEIGHTS)}")
+    if choice == "float":
+        return None
+    problems = []
+    if gguf_path is None:
+        problems.append("the target is not a built-in GGUF model (smollm2-135m, gemma3-270m)")
+    if dtype != torch.float32:
+        problems.append(f"GGUF blocks run with float32 activations, and the dtype is {str(dtype).removeprefix('torch.')} "
+                        "(use --dtype float32 or auto)")
+    if backend == "transformers":
+        problems.append("the transformers backend runs float weights only (use --backend lean or auto)")
+    if choice == "auto":
+        if problems or dtype_choice != "auto" or quant.load() is None:
+            return None
+        return gguf_path
+    if not problems and quant.load() is None:
+        problems.append(f"the GGUF kernels cannot run here: {quant.unavailable_reason()}")
+    if problems:
+        raise SpecdecError("--weights gguf: " + "; ".join(problems))
+    return gguf_path

@@ -1,0 +1,94 @@
+"""Builds a C++ source of this package into a Python module once per machine, and loads it.
+
+The build (torch.utils.cpp_extension with ninja and the system C++ compiler, 20-40 s on 2 cores) is
+cached under the specdec cache (SPECDEC_CACHE, default ~/.cache/specdec)/kernels, keyed by the
+source, torch, Python and the CPU's flags, so later processes load it in well under a second. Where
+it cannot be built or `supported()` says the CPU lacks what the source needs, `load()` returns None
+and `reason` says why; callers then run ATen. kernels.py (AVX-512 BF16) and quant.py (GGUF blocks,
+AVX2) are the two users.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from ..paths import cache_dir
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+class Extension:
+    """One C++ source, built on first load(). `needs` names the CPU in the reasons it gives."""
+
+    def __init__(self, source: Path, needs: str, off_variable: str, fallback: str):
+        self.source = source
+        self.needs = needs
+        self.off_variable = off_variable
+        self.fallback = fallback
+        self.module: ModuleType | None = None
+        self.reason: str | None = None
+        self._tried = False
+
+    def _key(self) -> str:
+        digest = hashlib.sha256()
+        for part in (self.source.read_bytes(), torch.__version__.encode(), sys.version.encode(),
+                     " ".join(sorted(cpu_flags())).encode()):
+            digest.update(part)
+        return digest.hexdigest()[:12]
+
+    def load(self) -> ModuleType | None:
+        """The compiled module, building it on first use; None where it cannot run here."""
+        if self._tried:
+            return self.module
+        self._tried = True
+        if os.environ.get(self.off_variable, "1") == "0":
+            self.reason = f"turned off by {self.off_variable}=0"
+            return None
+        if platform.machine() not in ("x86_64", "AMD64"):
+            self.reason = f"{self.source.name} needs an x86-64 CPU with {self.needs}, this is {platform.machine()}"
+            return None
+        key = self._key()
+        stem = self.source.stem
+        build_dir = cache_dir() / "kernels" / f"{stem}-{key}"
+        try:
+            build_dir.mkdir(parents=True, exist_ok=True)
+            try:  # torch looks for the ninja executable on PATH; the pip package keeps it beside Python
+                import ninja
+
+                os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+            except ImportError:
+                pass
+            from torch.utils.cpp_extension import load as build
+
+            if not any(build_dir.glob("*.so")):
+                print(f"specdec: building {self.source.name} once for this machine (~30 s) ...", file=sys.stderr,
+                      flush=True)
+            module = build(name=f"specdec_{stem}_{key}", sources=[str(self.source)], build_directory=str(build_dir),
+                           extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+        except Exception as error:  # a missing compiler or headers: fall back, and say why
+            detail = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
+            self.reason = (f"could not build {self.source.name} ({detail}); it needs a C++ compiler (g++) "
+                           "and Python's headers")
+            warnings.warn(f"specdec: {self.reason}. {self.fallback}", stacklevel=3)
+            return None
+        if not module.supported():
+            self.reason = f"this CPU lacks {self.needs}"
+            return None
+        self.module = module
+        return module

@@ -1,0 +1,240 @@
+// x @ w.T on a GGUF file's own quantised blocks (built on first use by quant.py).
+//
+// A 4-bit model dequantised to float32 reads 4 bytes a weight every step; its GGUF blocks hold 0.56
+// (Q4_K) to 1.06 (Q8_0). These kernels read the blocks as the file stores them (a row of w is its
+// blocks back to back) and unpack them in registers, 32 weights at a time:
+//
+//   Q4_0  [d:f16][16 bytes: weight j in the low nibble of byte j, weight j+16 in the high]  w = d (q - 8)
+//   Q4_1  [d:f16][m:f16][16 bytes, as Q4_0]                                              w = d q + m
+//   Q5_0  [d:f16][4 bytes: bit j = the fifth bit of weight j][16 bytes, as Q4_0]          w = d (q - 16)
+//   Q8_0  [d:f16][32 x int8]                                                             w = d q
+//   Q4_K  256 weights: [d][dmin][6-bit scale and min of each 32][128 bytes of nibbles]   w = d sc q - dmin m
+//   Q6_K  256 weights: [4-bit lows][2-bit highs][int8 scale of each 16][d]               w = d sc (q - 32)
+//
+// The codes are widened to float32 and turned into the weight with one FMA, which gives exactly the
+// float32 weight gguf-py's (and so transformers') dequantisation gives; each row of activations then
+// multiplies it with FMAs. The only difference from a float32 matmul on the dequantised model is the
+// order of the sums: activations are not quantised.
+//
+// Row invariance: every row of x goes through the same instruction sequence whatever the number of
+// rows multiplied together (rows are tiled, each with its own accumulators), so a position's logits do
+// not depend on how many positions a pass scores, and speculative decoding emits what plain decoding
+// emits token for token at T = 0.
+//
+// AVX2 + FMA + F16C (every x86-64 CPU since 2013, AMD's included); quant.py checks at run time.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#define SPECDEC_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+namespace {
+
+constexpr int64_t QK = 32;  // weights per group: every type is read 32 weights at a time
+constexpr int64_t ROW_TILE = 8;  // rows of x sharing one unpacking of a group (8 accumulators + 4 weights fit 16 ymm)
+
+enum Kind : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };  // ggml's type ids
+
+int64_t block_weights(int64_t kind) { return kind == Q4_K || kind == Q6_K ? 256 : 32; }
+
+int64_t block_bytes(int64_t kind) {
+  switch (kind) {
+    case Q4_0: return 18;
+    case Q4_1: return 20;
+    case Q5_0: return 22;
+    case Q8_0: return 34;
+    case Q4_K: return 144;
+    case Q6_K: return 210;
+  }
+  TORCH_CHECK(false, "unsupported GGUF block type ", kind);
+}
+
+SPECDEC_AVX2 inline float half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+SPECDEC_AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// 32 unsigned byte codes (in weight order) -> four float32 vectors.
+SPECDEC_AVX2 inline void widen(__m256i q, __m256 c[4]) {
+  __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+  c[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+  c[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  c[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+  c[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+// 16 bytes of nibbles -> 32 codes: the low nibbles (weights 0-15), then the high ones (16-31).
+SPECDEC_AVX2 inline __m256i nibbles16(const uint8_t* p) {
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i low = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
+}
+
+// The dequantised weights g*32 .. g*32+31 of a row (its blocks back to back) as four float32 vectors:
+// codes widened to float, then w = a q + b with one FMA, which is exactly the float32 weight gguf-py's
+// dequantisation gives (a q is exact in float32 for every type here, so both round once).
+template <int64_t KIND>
+SPECDEC_AVX2 inline void group(const uint8_t* row, int64_t g, __m256 w[4]) {
+  float a, b;
+  if constexpr (KIND == Q8_0) {
+    const uint8_t* block = row + g * 34;
+    for (int i = 0; i < 4; ++i) {
+      __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + 8 * i));
+      w[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+    }
+    a = half(block), b = 0.f;
+  } else if constexpr (KIND == Q4_0 || KIND == Q4_1) {
+    const uint8_t* block = row + g * (KIND == Q4_1 ? 20 : 18);
+    widen(nibbles16(block + (KIND == Q4_1 ? 4 : 2)), w);
+    a = half(block), b = KIND == Q4_1 ? half(block + 2) : -8.f * a;
+  } else if constexpr (KIND == Q5_0) {  // [d][32 fifth bits][16 bytes of nibbles]: q - 16
+    const uint8_t* block = row + g * 22;
+    uint32_t bits;
+    std::memcpy(&bits, block + 2, 4);
+    const __m256i spread = _mm256_shuffle_epi8(  // byte j holds the byte of `bits` that has bit j
+        _mm256_set1_epi32(static_cast<int>(bits)),
+        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+    const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+    widen(_mm256_or_si256(nibbles16(block + 6), _mm256_and_si256(set, _mm256_set1_epi8(16))), w);
+    a = half(block), b = -16.f * a;
+  } else if constexpr (KIND == Q4_K) {
+    // [d][dmin][12 bytes: eight 6-bit scales and mins][128 bytes]: group j of a superblock is the low
+    // (j even) or high (j odd) nibbles of bytes 32 (j / 2) .. +31; w = d sc_j q - dmin m_j
+    const uint8_t* block = row + (g / 8) * 144;
+    const int j = static_cast<int>(g % 8);
+    const uint8_t* sm = block + 4;
+    int sc, m;
+    if (j < 4) {
+      sc = sm[j] & 63, m = sm[j + 4] & 63;
+    } else {
+      sc = (sm[j + 4] & 0xF) | ((sm[j - 4] >> 6) << 4), m = (sm[j + 4] >> 4) | ((sm[j] >> 6) << 4);
+    }
+    __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16 + 32 * (j / 2)));
+    if (j % 2) raw = _mm256_srli_epi16(raw, 4);
+    widen(_mm256_and_si256(raw, _mm256_set1_epi8(0x0F)), w);
+    a = half(block) * static_cast<float>(sc), b = -(half(block + 2) * static_cast<float>(m));
+  } else {  // Q6_K: [128 bytes low nibbles][64 bytes of 2-bit highs][16 int8 scales][d]; q - 32
+    // Group t of the 128-weight half h: low nibbles (t < 2) or high (t >= 2) of ql bytes 64h + 32 (t % 2)
+    // .., high bits (qh >> 2t) & 3 of bytes 32h ..; weights 0-15 and 16-31 have scales 8h + 2t and + 1.
+    const uint8_t* block = row + (g / 8) * 210;
+    const int h = static_cast<int>(g % 8) / 4, t = static_cast<int>(g % 4);
+    __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * h + 32 * (t % 2)));
+    if (t >= 2) low = _mm256_srli_epi16(low, 4);
+    __m256i high = _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * h)), 2 * t);
+    const __m256i q = _mm256_or_si256(_mm256_and_si256(low, _mm256_set1_epi8(0x0F)),
+                                      _mm256_slli_epi16(_mm256_and_si256(high, _mm256_set1_epi8(3)), 4));
+    widen(q, w);
+    const float d = half(block + 208);
+    const auto* scales = reinterpret_cast<const int8_t*>(block + 192);
+    const float a0 = d * scales[8 * h + 2 * t], a1 = d * scales[8 * h + 2 * t + 1];
+    const __m256 av0 = _mm256_set1_ps(a0), av1 = _mm256_set1_ps(a1);
+    w[0] = _mm256_fmadd_ps(av0, w[0], _mm256_set1_ps(-32.f * a0));
+    w[1] = _mm256_fmadd_ps(av0, w[1], _mm256_set1_ps(-32.f * a0));
+    w[2] = _mm256_fmadd_ps(av1, w[2], _mm256_set1_ps(-32.f * a1));
+    w[3] = _mm256_fmadd_ps(av1, w[3], _mm256_set1_ps(-32.f * a1));
+    return;
+  }
+  const __m256 av = _mm256_set1_ps(a), bv = _mm256_set1_ps(b);
+  for (int i = 0; i < 4; ++i) w[i] = _mm256_fmadd_ps(av, w[i], bv);
+}
+
+// out[r, n] for rows [r0, r0 + R) of x and output rows [n0, n1): each group of 32 weights is
+// dequantised once, then each row multiplies it with FMAs into its own accumulators.
+template <int64_t KIND, int64_t R>
+SPECDEC_AVX2 void tile(const float* x, const uint8_t* w, float* out, int64_t K, int64_t N, int64_t r0, int64_t n0,
+                       int64_t n1) {
+  const int64_t groups = K / QK, row_bytes = K / block_weights(KIND) * block_bytes(KIND);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    __m256 acc[R];
+    for (int64_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; ++g) {
+      __m256 c[4];
+      group<KIND>(row, g, c);
+      for (int64_t r = 0; r < R; ++r) {
+        const float* xg = x + (r0 + r) * K + g * QK;
+        acc[r] = _mm256_fmadd_ps(c[0], _mm256_loadu_ps(xg), acc[r]);
+        acc[r] = _mm256_fmadd_ps(c[1], _mm256_loadu_ps(xg + 8), acc[r]);
+        acc[r] = _mm256_fmadd_ps(c[2], _mm256_loadu_ps(xg + 16), acc[r]);
+        acc[r] = _mm256_fmadd_ps(c[3], _mm256_loadu_ps(xg + 24), acc[r]);
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) out[(r0 + r) * N + n] = hsum(acc[r]);
+  }
+}
+
+template <int64_t KIND>
+void matmul(const float* x, const uint8_t* w, float* out, int64_t M, int64_t K, int64_t N) {
+  // Threads split the output rows; each reads its share of w once per 16 output rows for all of x's
+  // rows (tiles of ROW_TILE, then one of the rest), so w streams from memory once a call.
+  constexpr int64_t NCHUNK = 16;
+  const int64_t chunks = (N + NCHUNK - 1) / NCHUNK;
+  at::parallel_for(0, chunks, 4, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t n0 = c * NCHUNK, n1 = std::min(N, n0 + NCHUNK);
+      int64_t r = 0;
+      for (; r + ROW_TILE <= M; r += ROW_TILE) tile<KIND, ROW_TILE>(x, w, out, K, N, r, n0, n1);
+      switch (M - r) {  // the rest in one tile: a row's arithmetic is the same in any tile
+        case 7: tile<KIND, 7>(x, w, out, K, N, r, n0, n1); break;
+        case 6: tile<KIND, 6>(x, w, out, K, N, r, n0, n1); break;
+        case 5: tile<KIND, 5>(x, w, out, K, N, r, n0, n1); break;
+        case 4: tile<KIND, 4>(x, w, out, K, N, r, n0, n1); break;
+        case 3: tile<KIND, 3>(x, w, out, K, N, r, n0, n1); break;
+        case 2: tile<KIND, 2>(x, w, out, K, N, r, n0, n1); break;
+        case 1: tile<KIND, 1>(x, w, out, K, N, r, n0, n1); break;
+      }
+    }
+  });
+}
+
+bool supported() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t in_features) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "quant.linear takes float32 activations");
+  TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w: (N, blocks bytes) uint8");
+  const int64_t K = in_features, per_block = block_weights(kind);
+  TORCH_CHECK(K % per_block == 0, "in_features must be a multiple of ", per_block, " for this block type");
+  TORCH_CHECK(w.size(1) == K / per_block * block_bytes(kind), "w's rows hold ", w.size(1), " bytes, expected ",
+              K / per_block * block_bytes(kind));
+  TORCH_CHECK(x.size(-1) == K, "x has ", x.size(-1), " features, w takes ", K);
+  auto shape = x.sizes().vec();
+  torch::Tensor x2 = x.reshape({-1, K}).contiguous();
+  const int64_t M = x2.size(0), N = w.size(0);
+  torch::Tensor out = torch::empty({M, N}, x.options());
+  const float* xp = x2.data_ptr<float>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  switch (kind) {
+    case Q4_0: matmul<Q4_0>(xp, wp, op, M, K, N); break;
+    case Q4_1: matmul<Q4_1>(xp, wp, op, M, K, N); break;
+    case Q5_0: matmul<Q5_0>(xp, wp, op, M, K, N); break;
+    case Q4_K: matmul<Q4_K>(xp, wp, op, M, K, N); break;
+    case Q6_K: matmul<Q6_K>(xp, wp, op, M, K, N); break;
+    case Q8_0: matmul<Q8_0>(xp, wp, op, M, K, N); break;
+    default: TORCH_CHECK(false, "unsupported GGUF block type ", kind);
+  }
+  shape.back() = N;
+  return out.view(shape);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("supported", &supported, "whether this CPU has AVX2 and FMA");
+  m.def("linear", &linear, "x @ w.T on GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks, float32 activations", py::arg("x"),
+        py::arg("w"), py::arg("kind"), py::arg("in_features"));
+}

@@ -1,0 +1,106 @@
+"""A GGUF file's own quantised weights as the lean backend's linear layers (quant.cpp).
+
+`QuantWeight` holds a weight matrix as the file's blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: ggml's
+layouts, each row its blocks back to back); `quant_linear` multiplies float32 activations with it, unpacking the
+blocks in registers, and passes any other weight (a packed or plain float tensor) to the float path.
+A fused projection whose parts have different block types (Gemma's Q5_0 q/k beside a Q8_0 v) is a
+`QuantParts`: each part multiplied on its own, the outputs side by side.
+
+The kernels need AVX2, FMA and F16C (quant.cpp); `load()` returns None elsewhere and `unavailable_reason()`
+says why. SPECDEC_QUANT=0 turns them off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from .extension import Extension
+
+KINDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+"""The ggml block types the kernels read, by name and type id."""
+
+_extension = Extension(Path(__file__).with_name("quant.cpp"), needs="AVX2, FMA and F16C", off_variable="SPECDEC_QUANT",
+                       fallback="GGUF targets run on their dequantised float weights instead.")
+
+
+def load() -> ModuleType | None:
+    """The compiled kernels, building them on first use; None where they cannot run here."""
+    return _extension.load()
+
+
+def unavailable_reason() -> str | None:
+    return _extension.reason
+
+
+@dataclass(frozen=True)
+class QuantWeight:
+    """An (out_features, in_features) weight as GGUF blocks: uint8 (out_features, in_features / 32 * bytes)."""
+
+    blocks: torch.Tensor
+    kind: int
+    in_features: int
+
+    @property
+    def out_features(self) -> int:
+        return self.blocks.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.numel()
+
+    def rows(self, index: torch.Tensor) -> QuantWeight:
+        """The weight with its output rows taken in `index`'s order (whole rows of blocks)."""
+        return QuantWeight(self.blocks[index].contiguous(), self.kind, self.in_features)
+
+
+@dataclass(frozen=True)
+class QuantParts:
+    """A fused projection whose parts are quantised differently: outputs concatenated in order."""
+
+    parts: tuple[QuantWeight, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.nbytes for part in self.parts)
+
+
+def fuse(weights: list[QuantWeight]) -> QuantWeight | QuantParts:
+    """One weight whose rows are `weights`' rows in order (one kernel call when the block types agree)."""
+    if len({(w.kind, w.in_features) for w in weights}) == 1:
+        return QuantWeight(torch.cat([w.blocks for w in weights]).contiguous(), weights[0].kind, weights[0].in_features)
+    return QuantParts(tuple(weights))
+
+
+def shape(w: QuantWeight | QuantParts) -> tuple[int, int]:
+    """(out_features, in_features) of the matrix the blocks stand for."""
+    parts = w.parts if isinstance(w, QuantParts) else (w,)
+    return sum(p.out_features for p in parts), parts[0].in_features
+
+
+def quant_linear(fallback: Callable) -> Callable:
+    """A linear(x, w) that runs GGUF weights on the kernels and hands anything else to `fallback`."""
+    module = load()
+
+    def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(w, QuantWeight):
+            out = module.linear(x, w.blocks, w.kind, w.in_features)
+        elif isinstance(w, QuantParts):
+            out = torch.cat([module.linear(x, part.blocks, part.kind, part.in_features) for part in w.parts], dim=-1)
+        else:
+            return fallback(x, w, bias)
+        return out if bias is None else out + bias
+
+    return linear
+
+
+def dequantize(w: QuantWeight) -> torch.Tensor:
+    """The float32 weight the blocks stand for (gguf-py's reference dequantisation)."""
+    from gguf.quants import dequantize as reference
+
+    values = reference(w.blocks.numpy(), w.kind)
+    return torch.from_numpy(values.reshape(w.out_features, w.in_features).copy())

@@ -1,0 +1,245 @@
+"""GGUF blocks as weights (quant.cpp, backends/gguf.py): the kernels give the dequantised weights'
+products up to the order of fp32 sums, a row's result never depends on how many rows are multiplied
+together, the built-in file's blocks are exactly the weights transformers loaded, and speculative
+decoding on them emits what plain decoding does."""
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import tiny_gemma3, tiny_llama
+from specdec.backends.gguf import GGUFWeights, choose_weights
+from specdec.backends.lean import LeanBackend, target_backend
+from specdec.batching import Batch
+from specdec.config import SamplingParams, SpecConfig
+from specdec.drafters import PromptLookupDrafter, PromptLookupTreeDrafter
+from specdec.engine import SpeculativeEngine
+from specdec.errors import SpecdecError
+from specdec.modeling import quant
+from specdec.modeling.extension import Extension
+
+KINDS = quant.KINDS
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    module = quant.load()
+    if module is None:
+        pytest.skip(f"quant.cpp cannot run here: {quant.unavailable_reason()}")
+    return module
+
+
+SUPER = {12: (144, (0, 2)), 14: (210, (208,))}  # K-quants: bytes a 256-weight block, offsets of its f16 scales
+
+
+def blocks_of(weight: torch.Tensor, kind: int) -> quant.QuantWeight:
+    """A float matrix quantised by gguf-py's reference quantiser (what llama.cpp's converter writes).
+    gguf-py cannot quantise K-quants: those get random codes and scales of the same matrix size."""
+    from gguf.quants import quantize
+
+    rows, columns = weight.shape
+    if kind in SUPER:
+        size, halves = SUPER[kind]
+        g = torch.Generator().manual_seed(rows * 1000 + columns)
+        raw = torch.randint(0, 256, (rows, columns // 256, size), dtype=torch.uint8, generator=g)
+        for offset in halves:  # scales of 0.001-0.03, so weights stay O(1)
+            scale = (torch.rand(rows, columns // 256, generator=g) * 0.03 + 0.001).half()
+            raw[:, :, offset : offset + 2] = scale.view(torch.uint8).view(rows, columns // 256, 2)
+        return quant.QuantWeight(raw.view(rows, -1).contiguous(), kind, columns)
+    raw = quantize(weight.numpy().astype(np.float32), kind)
+    return quant.QuantWeight(torch.from_numpy(raw.copy()), kind, columns)
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_kernel_is_the_dequantised_product(kernels, name):
+    g = torch.Generator().manual_seed(0)
+    columns = 512 if KINDS[name] in SUPER else 96
+    w = blocks_of(torch.randn(70, columns, generator=g), KINDS[name])
+    dense = quant.dequantize(w).double()
+    linear = quant.quant_linear(None)
+    for rows in (1, 3, 8, 13):
+        x = torch.randn(rows, columns, generator=g)
+        ref = x.double() @ dense.T
+        out = linear(x, w)
+        assert out.shape == (rows, 70)
+        assert (out.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+    x3 = torch.randn(2, 5, columns, generator=g)  # leading dimensions are kept
+    assert linear(x3, w).shape == (2, 5, 70)
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_rows_do_not_depend_on_how_many_are_multiplied(kernels, name):
+    g = torch.Generator().manual_seed(1)
+    columns = 256 if KINDS[name] in SUPER else 64
+    w = blocks_of(torch.randn(48, columns, generator=g), KINDS[name])
+    x = torch.randn(21, columns, generator=g)
+    together = kernels.linear(x, w.blocks, w.kind, columns)
+    for rows in range(1, 21):  # every tile size and remainder
+        for start in (0, 21 - rows):
+            part = kernels.linear(x[start : start + rows].contiguous(), w.blocks, w.kind, columns)
+            assert torch.equal(part, together[start : start + rows]), (rows, start)
+
+
+def test_parts_of_different_kinds_side_by_side(kernels):
+    g = torch.Generator().manual_seed(2)
+    a, b = blocks_of(torch.randn(8, 32, generator=g), 3), blocks_of(torch.randn(4, 32, generator=g), 8)
+    fused = quant.fuse([a, b])
+    assert isinstance(fused, quant.QuantParts) and quant.shape(fused) == (12, 32)
+    same = quant.fuse([a, a])
+    assert isinstance(same, quant.QuantWeight) and quant.shape(same) == (16, 32)
+    x = torch.randn(3, 32, generator=g)
+    out = quant.quant_linear(None)(x, fused)
+    assert torch.equal(out, torch.cat([kernels.linear(x, a.blocks, 3, 32), kernels.linear(x, b.blocks, 8, 32)], -1))
+
+
+def test_kernel_rejects_bad_shapes(kernels):
+    w = blocks_of(torch.randn(4, 64), 3)
+    with pytest.raises(RuntimeError, match="features"):
+        kernels.linear(torch.randn(2, 32), w.blocks, w.kind, 64)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.linear(torch.randn(2, 64).bfloat16(), w.blocks, w.kind, 64)
+    with pytest.raises(RuntimeError, match="block type"):
+        kernels.linear(torch.randn(2, 64), w.blocks, 12, 64)
+
+
+def test_extension_turned_off_says_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECDEC_TEST_OFF", "0")
+    ext = Extension(quant._extension.source, needs="AVX2", off_variable="SPECDEC_TEST_OFF", fallback="")
+    assert ext.load() is None and "SPECDEC_TEST_OFF=0" in ext.reason
+
+
+# --- a tiny model whose float weights are its blocks, dequantised ---------------------------------
+
+_PARTS = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "gate": "gate_proj", "up": "up_proj",
+          "down": "down_proj"}
+_NAMES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
+          "down": "ffn_down"}
+
+
+def quantised_twin(model, kinds: dict[str, int], head_kind: int | None = 8) -> GGUFWeights:
+    """Quantise `model`'s linear layers (kind per part; a part left out keeps float weights) and its LM
+    head, and set the float weights to the blocks' values: the same model on two paths."""
+    tensors = {}
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            for part, attr in _PARTS.items():
+                module = getattr(layer.self_attn if part in ("q", "k", "v", "o") else layer.mlp, attr)
+                if part in kinds:
+                    w = blocks_of(module.weight.float(), kinds[part])
+                    module.weight.copy_(quant.dequantize(w))
+                    tensors[f"blk.{i}.{_NAMES[part]}.weight"] = w
+        head = model.get_output_embeddings()
+        if head_kind is not None:
+            w = blocks_of(head.weight.float(), head_kind)
+            head.weight.copy_(quant.dequantize(w))
+            tensors["output.weight"] = w
+    return GGUFWeights(path=None, arch="test", tensors=tensors)
+
+
+def tiny(arch: str):
+    return (tiny_llama(40, seed=3) if arch == "llama" else tiny_gemma3(40, seed=3, sliding_window=8)).float()
+
+
+ALL_Q4_1 = dict.fromkeys(_PARTS, 3)
+MIXED = {"q": 6, "k": 6, "v": 8, "gate": 2, "up": 3, "down": 8}  # o stays float; q/k/v fuse as two kinds
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("kinds", [ALL_Q4_1, MIXED], ids=["q4_1", "mixed"])
+def test_lean_on_blocks_gives_the_float_models_logits(kernels, arch, kinds):
+    model = tiny(arch)
+    weights = quantised_twin(model, kinds)
+    on_blocks, on_floats = LeanBackend(model, gguf=weights), LeanBackend(model)
+    assert on_blocks.path == "lean+gguf" and "GGUF blocks" in on_blocks.numeric_path(1)
+    ids = torch.randint(0, 40, (30,), generator=torch.Generator().manual_seed(0))
+    for chunk in (ids[:12], ids[12:13], ids[13:18], ids[18:30]):
+        a, b = on_blocks.forward(chunk), on_floats.forward(chunk)
+        assert (a - b).abs().max() <= 1e-4 * max(1.0, b.abs().max())
+
+
+def test_blocks_that_do_not_fit_the_model_are_refused(kernels):
+    model = tiny("llama")
+    weights = quantised_twin(model, ALL_Q4_1)
+    weights.tensors["blk.0.ffn_down.weight"] = weights.tensors["blk.0.attn_q.weight"]
+    with pytest.raises(SpecdecError, match="not the file this model was converted from"):
+        LeanBackend(model, gguf=weights)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_speculative_equals_plain_on_blocks(kernels, arch):
+    """Row invariance carries greedy parity: chains and trees of drafts, scored several rows a pass."""
+    model = tiny(arch)
+    backend = LeanBackend(model, gguf=quantised_twin(model, ALL_Q4_1))
+    prompt = [int(t) for t in torch.randint(0, 40, (24,), generator=torch.Generator().manual_seed(5))] * 2
+    plain = SpeculativeEngine(backend, None).generate(prompt, SamplingParams(), SpecConfig(gamma=0, max_new_tokens=40))
+    expected = plain.run().tokens
+    for drafter in (PromptLookupDrafter(), PromptLookupTreeDrafter()):
+        for gamma in (3, "auto"):
+            run = SpeculativeEngine(backend, drafter).generate(prompt, SamplingParams(),
+                                                              SpecConfig(gamma=gamma, max_new_tokens=40)).run()
+            assert run.tokens == expected, (type(drafter).__name__, gamma)
+            assert run.stats.path == "lean+gguf"
+
+
+def test_batched_generations_on_blocks_equal_each_alone(kernels):
+    model = tiny("llama")
+    backend = LeanBackend(model, gguf=quantised_twin(model, MIXED))
+    g = torch.Generator().manual_seed(7)
+    prompts = [[int(t) for t in torch.randint(0, 40, (n,), generator=g)] * 2 for n in (9, 17, 5)]
+    engine = SpeculativeEngine(backend, PromptLookupDrafter())
+    alone = [engine.generate(p, SamplingParams(), SpecConfig(max_new_tokens=24)).run().tokens for p in prompts]
+    batch = Batch(SpeculativeEngine(backend, PromptLookupDrafter()), max_batch=3, prefill_chunk=5)
+    members = [batch.add(p, SamplingParams(), SpecConfig(max_new_tokens=24)) for p in prompts]
+    while batch.members:
+        batch.step()
+    assert [m.tokens for m in members] == alone
+    batch.close()
+
+
+# --- the built-in model's file --------------------------------------------------------------------
+
+def test_builtin_blocks_are_exactly_the_converted_weights(kernels, builtin_model):
+    """Every matrix read from SmolLM2's GGUF (Q4_1 layers with llama.cpp's q/k row permutation undone,
+    the Q8_0 tied embedding as LM head) dequantises to the float32 weights transformers loaded."""
+    weights = GGUFWeights.read(builtin_model.gguf)
+    model = builtin_model.model
+    config = model.config
+    assert not weights.skipped
+    for i, layer in enumerate(model.model.layers):
+        for part, attr in _PARTS.items():
+            module = getattr(layer.self_attn if part in ("q", "k", "v", "o") else layer.mlp, attr)
+            heads = {"q": config.num_attention_heads, "k": config.num_key_value_heads}.get(part)
+            assert torch.equal(quant.dequantize(weights.layer(i, part, heads)), module.weight), (i, part)
+    assert torch.equal(quant.dequantize(weights.lm_head()), model.get_output_embeddings().weight)
+
+
+def test_builtin_on_blocks_keeps_greedy_parity(kernels, builtin_model):
+    backend = target_backend(builtin_model, "auto", "gguf", "auto")
+    assert backend.path == "lean+gguf"
+    ids = builtin_model.encode("List the days of the week, then list them again in the same order.")
+    plain = SpeculativeEngine(backend, None).generate(ids, SamplingParams(), SpecConfig(gamma=0, max_new_tokens=48))
+    expected = plain.run().tokens
+    spec = SpeculativeEngine(backend, PromptLookupTreeDrafter()).generate(ids, SamplingParams(),
+                                                                          SpecConfig(max_new_tokens=48)).run()
+    assert spec.tokens == expected
+
+
+def test_choosing_weights():
+    path = object()
+    f32 = torch.float32
+    assert choose_weights("float", path, f32, "auto", "lean") is None
+    assert choose_weights("auto", None, f32, "auto", "lean") is None  # not a built-in GGUF target
+    assert choose_weights("auto", path, f32, "float32", "lean") is None  # the user chose the float dtype
+    assert choose_weights("auto", path, torch.bfloat16, "auto", "lean") is None  # kernels.cpp's machines
+    assert choose_weights("auto", path, f32, "auto", "transformers") is None
+    with pytest.raises(SpecdecError, match="not a built-in GGUF model"):
+        choose_weights("gguf", None, f32, "auto", "lean")
+    with pytest.raises(SpecdecError, match="float32 activations"):
+        choose_weights("gguf", path, torch.bfloat16, "bfloat16", "lean")
+    with pytest.raises(SpecdecError, match="transformers backend"):
+        choose_weights("gguf", path, f32, "auto", "transformers")
+    with pytest.raises(SpecdecError, match="unknown --weights"):
+        choose_weights("int3", path, f32, "auto", "lean")
+    if quant.load() is not None:
+        assert choose_weights("auto", path, f32, "auto", "lean") is path
+        assert choose_weights("gguf", path, f32, "float32", "auto") is path
