@@ -28,10 +28,12 @@ DRAFTER_SYNTAX = ("auto, prompt-lookup, prompt-lookup-tree, suffix, ngram[:TABLE
                   "trained[:DIR], trained-tree[:DIR], none, or a trained drafter's directory")
 """How a drafter is named everywhere (CLI, API, server, bench): KIND or KIND:ARGUMENT."""
 
-WEIGHTS = ("auto", "gguf", "float")
+WEIGHTS = ("auto", "gguf", "gguf-int8", "float")
 """--weights: where a built-in (GGUF) target's linear layers read their weights. gguf: the file's own
-4/8-bit blocks (backends/gguf.py), float: the dequantised weights in --dtype, auto: gguf where it was
-measured faster (float32 activations chosen by --dtype auto, the lean backend, a CPU that runs quant.cpp)."""
+4/8-bit blocks (backends/gguf.py) times float32 activations, the float model's exact weights; gguf-int8:
+the blocks times activations quantised to int8 per 32 (llama.cpp's arithmetic: faster for one row, slower
+for several, and a slightly different model); float: the dequantised weights in --dtype; auto: gguf where
+it was measured faster (float32 activations chosen by --dtype auto, the lean backend, quant.cpp runs)."""
 
 
 def parse_drafter(spec: str) -> tuple[str, str | None]:

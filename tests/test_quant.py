@@ -80,6 +80,28 @@ def test_rows_do_not_depend_on_how_many_are_multiplied(kernels, name):
             assert torch.equal(part, together[start : start + rows]), (rows, start)
 
 
+@pytest.mark.parametrize("name", KINDS)
+def test_int8_activations_are_the_quantised_rows_product(kernels, name):
+    """int8=True is the dequantised weights times the activations rounded per row and 32 columns to
+    int8 (scale max|x| / 127), and stays row-invariant."""
+    g = torch.Generator().manual_seed(3)
+    columns = 512 if KINDS[name] in SUPER else 96
+    w = blocks_of(torch.randn(40, columns, generator=g), KINDS[name])
+    dense = quant.dequantize(w).double()
+    x = torch.randn(11, columns, generator=g)
+    groups = x.view(11, -1, 32)
+    scale = groups.abs().amax(-1, keepdim=True) / 127
+    rounded = (torch.round(groups / scale).clamp(-127, 127) * scale).view(11, columns)
+    ref = rounded.double() @ dense.T
+    out = kernels.linear(x, w.blocks, w.kind, columns, True)
+    assert (out.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+    float_out = kernels.linear(x, w.blocks, w.kind, columns, False)
+    assert (out - float_out).abs().max() > 1e-4 * float_out.abs().max()  # it really rounds the activations
+    for start, rows in ((0, 1), (3, 5), (2, 9)):
+        part = kernels.linear(x[start : start + rows].contiguous(), w.blocks, w.kind, columns, True)
+        assert torch.equal(part, out[start : start + rows])
+
+
 def test_parts_of_different_kinds_side_by_side(kernels):
     g = torch.Generator().manual_seed(2)
     a, b = blocks_of(torch.randn(8, 32, generator=g), 3), blocks_of(torch.randn(4, 32, generator=g), 8)
@@ -166,10 +188,11 @@ def test_blocks_that_do_not_fit_the_model_are_refused(kernels):
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_speculative_equals_plain_on_blocks(kernels, arch):
+@pytest.mark.parametrize("int8", [False, True], ids=["float-activations", "int8-activations"])
+def test_speculative_equals_plain_on_blocks(kernels, arch, int8):
     """Row invariance carries greedy parity: chains and trees of drafts, scored several rows a pass."""
     model = tiny(arch)
-    backend = LeanBackend(model, gguf=quantised_twin(model, ALL_Q4_1))
+    backend = LeanBackend(model, gguf=quantised_twin(model, ALL_Q4_1), int8_activations=int8)
     prompt = [int(t) for t in torch.randint(0, 40, (24,), generator=torch.Generator().manual_seed(5))] * 2
     plain = SpeculativeEngine(backend, None).generate(prompt, SamplingParams(), SpecConfig(gamma=0, max_new_tokens=40))
     expected = plain.run().tokens
@@ -178,7 +201,7 @@ def test_speculative_equals_plain_on_blocks(kernels, arch):
             run = SpeculativeEngine(backend, drafter).generate(prompt, SamplingParams(),
                                                               SpecConfig(gamma=gamma, max_new_tokens=40)).run()
             assert run.tokens == expected, (type(drafter).__name__, gamma)
-            assert run.stats.path == "lean+gguf"
+            assert run.stats.path == ("lean+gguf-int8" if int8 else "lean+gguf")
 
 
 def test_batched_generations_on_blocks_equal_each_alone(kernels):

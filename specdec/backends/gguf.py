@@ -81,12 +81,13 @@ def choose_weights(choice: str, gguf_path: Path | None, dtype: torch.dtype, dtyp
 
     `auto` takes the blocks only where they were measured faster than the float path: float32
     activations chosen by --dtype auto (a CPU without AVX-512 BF16, where kernels.cpp cannot run),
-    the lean backend, a built-in GGUF target and a CPU that runs quant.cpp. `gguf` insists, and says
-    what stands in the way."""
+    the lean backend, a built-in GGUF target and a CPU that runs quant.cpp. `gguf` and `gguf-int8`
+    insist, and say what stands in the way."""
     if choice not in WEIGHTS:
         raise SpecdecError(f"unknown --weights {choice!r}: use {', '.join(WEIGHTS)}")
     if choice == "float":
         return None
+    insist = choice != "auto"
     problems = []
     if gguf_path is None:
         problems.append("the target is not a built-in GGUF model (smollm2-135m, gemma3-270m)")
@@ -95,12 +96,12 @@ def choose_weights(choice: str, gguf_path: Path | None, dtype: torch.dtype, dtyp
                         "(use --dtype float32 or auto)")
     if backend == "transformers":
         problems.append("the transformers backend runs float weights only (use --backend lean or auto)")
-    if choice == "auto":
+    if not insist:
         if problems or dtype_choice != "auto" or quant.load() is None:
             return None
         return gguf_path
     if not problems and quant.load() is None:
         problems.append(f"the GGUF kernels cannot run here: {quant.unavailable_reason()}")
     if problems:
-        raise SpecdecError("--weights gguf: " + "; ".join(problems))
+        raise SpecdecError(f"--weights {choice}: " + "; ".join(problems))
     return gguf_path

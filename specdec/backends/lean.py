@@ -35,7 +35,7 @@ import torch
 
 from ..config import BACKENDS
 from ..errors import SpecdecError
-from ..modeling import KERNEL_ROWS, Arch, Decoder, LayerWeights, RopeTable, Segment, kernels, quant, rotary_module_angles
+from ..modeling import KERNEL_ROWS, Arch, Decoder, LayerWeights, RopeTable, Segment, kernels, quant, rotary_module_angles, rowops
 from ..modeling.packing import can_pack, pack, packed_linear
 from .base import Backend, Step
 from .gguf import GGUFWeights, choose_weights
@@ -51,9 +51,11 @@ class LeanBackend(Backend):
     path = "lean"
     """"lean+kernels" when the bf16 steps run on kernels.cpp, "lean" when on oneDNN (fp32, or no kernels)."""
 
-    def __init__(self, model, use_kernels: bool = True, gguf: Path | GGUFWeights | None = None):
+    def __init__(self, model, use_kernels: bool = True, gguf: Path | GGUFWeights | None = None,
+                 int8_activations: bool = False):
         """gguf: the GGUF file `model` was converted from (or its blocks, read), which then serve as
-        the linear layers' and LM head's weights (float32 models only; see backends/gguf.py)."""
+        the linear layers' and LM head's weights (float32 models only; see backends/gguf.py);
+        int8_activations: multiply them with activations quantised to int8 (quant.quant_linear)."""
         super().__init__()
         config = model.config
         self.model = model  # the transformers model the weights come from (peers and drafters reuse it)
@@ -82,7 +84,7 @@ class LeanBackend(Backend):
             if quant.load() is None:
                 raise SpecdecError(f"the GGUF kernels cannot run here: {quant.unavailable_reason()}")
             self.gguf = gguf if isinstance(gguf, GGUFWeights) else GGUFWeights.read(Path(gguf))
-            self.path = "lean+gguf"
+            self.path = "lean+gguf-int8" if int8_activations else "lean+gguf"
         self.params_on_blocks = self.params_total = 0
         linear = packed_linear if self.packed else torch.nn.functional.linear
         with torch.no_grad():
@@ -95,7 +97,10 @@ class LeanBackend(Backend):
         kinds = sorted({layer.rope for layer in layers})
         rope = RopeTable(rotary_module_angles(inner.rotary_emb, kinds, self.dtype, self.device), self.dtype,
                          self.device, self.max_length)
-        self.decoder = Decoder(self.arch, layers, rope, quant.quant_linear(linear) if self.gguf else linear, kern)
+        if self.gguf is not None:
+            linear = quant.quant_linear(linear, int8_activations)
+        rows = rowops.load() if self.dtype == torch.float32 and self.device.type == "cpu" else None
+        self.decoder = Decoder(self.arch, layers, rope, linear, kern, rows)
         self.cache = self.decoder.new_cache(self.max_length)
 
     @property
@@ -105,7 +110,8 @@ class LeanBackend(Backend):
     def numeric_path(self, rows: int) -> str:
         if self.gguf is not None:
             share = self.params_on_blocks / self.params_total
-            return f"GGUF blocks on quant.cpp ({share:.0%} of the weights), oneDNN for the rest"
+            activations = "int8" if self.path.endswith("int8") else "float32"
+            return f"GGUF blocks x {activations} activations on quant.cpp ({share:.0%} of the weights)"
         if self.kernels is not None and rows <= KERNEL_ROWS:
             return "kernels.cpp"
         return "oneDNN (pre-packed)" if self.packed else "ATen"
@@ -219,15 +225,16 @@ class LeanBackend(Backend):
         return out
 
 
-def make_backend(model, prefer: str = "auto", gguf: Path | None = None) -> Backend:
+def make_backend(model, prefer: str = "auto", gguf: Path | None = None, int8_activations: bool = False) -> Backend:
     """The lean path for architectures it knows (unless prefer="transformers"), else transformers.
-    gguf: read the linear layers' weights from this GGUF file's blocks (lean only; backends/gguf.py)."""
+    gguf: read the linear layers' weights from this GGUF file's blocks (lean only; backends/gguf.py),
+    with int8 activations if asked."""
     from .hf import TransformersBackend
 
     if prefer not in BACKENDS:
         raise ValueError(f"unknown backend {prefer!r}: use {', '.join(BACKENDS)}")
     if prefer != "transformers" and supports(model):
-        return LeanBackend(model, gguf=gguf)
+        return LeanBackend(model, gguf=gguf, int8_activations=int8_activations)
     if prefer == "lean":
         raise SpecdecError(f"the lean backend knows {', '.join(SUPPORTED)}, not {model.config.model_type!r}: "
                            "use --backend transformers")
@@ -242,4 +249,4 @@ def target_backend(loaded, prefer: str = "auto", weights: str = "auto", dtype_ch
         raise ValueError(f"unknown backend {prefer!r}: use {', '.join(BACKENDS)}")
     runs_on = prefer if supports(loaded.model) else "transformers"
     gguf = choose_weights(weights, loaded.gguf, loaded.dtype, dtype_choice, runs_on)
-    return make_backend(loaded.model, prefer, gguf=gguf)
+    return make_backend(loaded.model, prefer, gguf=gguf, int8_activations=weights == "gguf-int8")

@@ -20,7 +20,9 @@ from ..drafters import build_drafter, parse_drafter
 from ..engine import SpeculativeEngine
 from ..models import load_model
 from ..prompts import TASKS, Prompt, load_prompts_file, task_prompts
-from .peers import hf_generate
+from .peers import LlamaCpp, hf_generate, llama_cpp_available
+
+PEERS = ("hf", "llama.cpp")
 
 
 @dataclass
@@ -41,7 +43,12 @@ class BenchConfig:
     weights: str = "auto"
     """auto, gguf or float (config.WEIGHTS): a built-in target's linear layers on its GGUF blocks or
     float weights (auto is float when a self-q4 drafter is benchmarked)."""
-    peers: bool = True
+    peers: tuple[str, ...] = PEERS
+    """Peers to run beside specdec: "hf" (transformers' generate(): plain, prompt lookup, assisted) and
+    "llama.cpp" (llama-cpp-python on a built-in target's own GGUF file: plain, prompt lookup; needs the
+    `llama-cpp` extra)."""
+    threads: int | None = None
+    """Threads for llama.cpp (default: torch's)."""
     coupled: bool = False
     """Also run each drafter at T > 0 with drafter-invariant sampling (method "NAME+coupled"), the
     server's rule for seeded requests: what its coupling costs in acceptance against rejection
@@ -88,10 +95,17 @@ def run_bench(config: BenchConfig, progress=None) -> list[dict]:
     methods = [("plain", None, 0)] + [(spec, spec, g) for spec in config.drafters for g in config.gammas]
     if config.coupled:
         methods += [(f"{spec}+coupled", spec, g) for spec in config.drafters for g in config.gammas]
-    if config.peers:
+    if "hf" in config.peers:
         methods += [("hf-generate", "hf", None), ("hf-prompt-lookup", "hf-pl", None)]
         methods += [(f"hf-assisted:{spec}", f"hf-assist:{spec}", None) for spec in config.drafters
                     if parse_drafter(spec)[0] == "model"]
+    if "llama.cpp" in config.peers and llama_cpp_available() and target.gguf is not None:
+        import torch
+
+        threads = config.threads or torch.get_num_threads()
+        for name, lookup in (("llama.cpp", False), ("llama.cpp-prompt-lookup", True)):
+            engines[name] = (LlamaCpp(target.gguf, threads, prompt_lookup=lookup), None, name, None)
+            methods.append((name, name, None))
     runs: list[dict] = []
     coupled = sum(name.endswith("+coupled") for name, _, _ in methods)
     total = len(prompts) * sum(len(methods) - (coupled if t == 0 else 0) for t in config.temperatures)
@@ -123,11 +137,18 @@ def run_bench(config: BenchConfig, progress=None) -> list[dict]:
 def _run_one(name, key, gamma, prompt, p_index, ids, sampling, config, plain_engine, engines, target, eos) -> dict:
     base = {"method": name, "task": prompt.task, "prompt_index": p_index, "temperature": sampling.temperature,
             "gamma": gamma, "seed": sampling.seed, "started": time.time()}
+    if key is not None and isinstance(engines.get(key, (None,))[0], LlamaCpp):
+        tokens, seconds = engines[key][0].generate(ids, sampling, config.max_new_tokens, eos)
+        tps = len(tokens) / seconds if seconds else None
+        return {**base, "tokens": tokens, "seconds": seconds, "tps": tps, "e2e_tps": tps, "peak_rss_mb": _peak_rss_mb()}
     if key is None or key in engines:
         engine = plain_engine if key is None else engines[key][0]
+        engine.target.reset()  # every run prefills its prompt: end-to-end times stay comparable
         run = engine.generate(ids, sampling, SpecConfig(gamma=gamma, max_new_tokens=config.max_new_tokens)).run()
         s = run.stats
+        e2e = s.prefill_seconds + s.decode_seconds
         return {**base, "tokens": run.tokens, "seconds": s.decode_seconds, "tps": s.tokens_per_second,
+                "e2e_tps": s.new_tokens / e2e if e2e else None,
                 "target_calls": s.target_calls, "drafted": s.drafted, "accepted": s.accepted, "rejections": s.rejections,
                 "beta_sum": s.beta_sum, "beta_count": s.beta_count, "draft_seconds": s.draft_seconds,
                 "target_seconds": s.target_seconds, "rounds_with_draft": s.rounds_with_draft,
@@ -138,8 +159,8 @@ def _run_one(name, key, gamma, prompt, p_index, ids, sampling, config, plain_eng
     elif key.startswith("hf-assist:"):
         extra = {"assistant_model": engines[key.removeprefix("hf-assist:")][1].backend.model}
     tokens, seconds = hf_generate(target.model, ids, sampling, config.max_new_tokens, eos, **extra)
-    return {**base, "tokens": tokens, "seconds": seconds, "tps": len(tokens) / seconds if seconds else None,
-            "peak_rss_mb": _peak_rss_mb()}
+    tps = len(tokens) / seconds if seconds else None  # generate() prefills too: decoding and end to end alike
+    return {**base, "tokens": tokens, "seconds": seconds, "tps": tps, "e2e_tps": tps, "peak_rss_mb": _peak_rss_mb()}
 
 
 def aggregate(runs: list[dict], config: BenchConfig) -> list[dict]:
@@ -154,6 +175,9 @@ def aggregate(runs: list[dict], config: BenchConfig) -> list[dict]:
         speedups = [r["tps"] / b["tps"] for r, b in zip(items, base) if r["tps"] and b["tps"]]
         row = {"task": task, "method": method, "temperature": temperature, "gamma": gamma, "prompts": len(items),
                "tokens_per_s": statistics.median([r["tps"] for r in items if r["tps"]] or [0.0]),
+               "e2e_tokens_per_s": statistics.median([r["e2e_tps"] for r in items if r.get("e2e_tps")] or [0.0]),
+               "e2e_tokens_per_s_range": [min([r["e2e_tps"] for r in items if r.get("e2e_tps")] or [0.0]),
+                                          max([r["e2e_tps"] for r in items if r.get("e2e_tps")] or [0.0])],
                "speedup": _summary(speedups), "peak_rss_mb": max(r["peak_rss_mb"] for r in items),
                "new_tokens": sum(len(r["tokens"]) for r in items)}
         if temperature == 0:

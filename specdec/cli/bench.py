@@ -12,6 +12,16 @@ from ..prompts import TASKS
 from .options import add_model_args, comma_list
 
 
+def peer_list(value: str) -> list[str]:
+    from ..bench.runner import PEERS
+
+    names = [] if value.strip() == "none" else [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown peer {unknown[0]!r}: use {', '.join(PEERS)} or none")
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -27,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
     config = BenchConfig(target=args.target, drafters=args.drafter or ["prompt-lookup"], tasks=args.tasks,
                          temperatures=args.temperatures, gammas=args.gammas, prompts_per_task=args.prompts_per_task,
                          prompts_file=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                         dtype=args.dtype, backend=args.backend, weights=args.weights, peers=not args.no_peers,
+                         dtype=args.dtype, backend=args.backend, weights=args.weights,
+                         peers=() if args.no_peers else tuple(args.peers),
                          coupled=args.coupled)
     if args.quick:
         config.tasks = [t for t in config.tasks if t in ("translate", "code")] or config.tasks[:1]
@@ -64,7 +75,11 @@ def register(sub) -> None:
     bench.add_argument("--prompts", default=None, metavar="FILE.jsonl", help="your own prompts instead of the task sets")
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--no-peers", action="store_true", help="skip transformers' generate() rows")
+    bench.add_argument("--peers", type=peer_list, default="hf,llama.cpp", metavar="LIST",
+                       help="comma-separated peers measured beside specdec: hf (transformers' generate()), "
+                            "llama.cpp (on a built-in target's GGUF file; needs pip install '.[llama-cpp]'), "
+                            "or none (default: hf,llama.cpp)")
+    bench.add_argument("--no-peers", action="store_true", help="the same as --peers none")
     bench.add_argument("--coupled", action="store_true",
                        help="also run each drafter at T > 0 with drafter-invariant sampling (seeded requests' rule), "
                             "to show what the coupling costs in acceptance")

@@ -52,8 +52,8 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
     """A drafter named as DRAFTER_SYNTAX says, for `target` (the LoadedModel it drafts for): the
     argument is the draft model (model:NAME), the n-gram table file (ngram:FILE; default: the one
     shipped for a built-in target) or the trained drafter's directory (trained:DIR; default: the
-    one shipped for the target). self-q4 drafts with the target's own GGUF blocks for the target
-    running on its dequantised float weights (`target_on_blocks` False)."""
+    one shipped for the target). self-q4 drafts with the target's own GGUF blocks (int8 activations)
+    for the target running on its dequantised float weights (`target_on_blocks` False)."""
     from ..backends import make_backend
     from ..models import load_model, tokenizer_fingerprint
 
@@ -96,12 +96,14 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
     if kind == "self-q4":
         if target_on_blocks:
             raise SpecdecError("self-q4 drafts with the target's GGUF blocks for the target on its float weights; "
-                               "the target runs on those blocks already (--weights gguf): use --weights float")
+                               "the target runs on those blocks already (--weights gguf or gguf-int8): use --weights float")
         from ..backends.gguf import choose_weights
 
         gguf = choose_weights("gguf", target.gguf, target.dtype, "float32", backend)
         target_width = target.model.get_output_embeddings().weight.shape[0]
-        return ModelDrafter(make_backend(target.model, "lean", gguf=gguf), target_width, label="self-q4")
+        # int8 activations: drafting is one row at a time, where they are fastest (quant.cpp)
+        return ModelDrafter(make_backend(target.model, "lean", gguf=gguf, int8_activations=True), target_width,
+                            label="self-q4")
     if kind in ("trained", "trained-tree"):
         draft = draft or shipped_drafter(target.name)
         if not draft:

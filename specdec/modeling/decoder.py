@@ -81,9 +81,11 @@ class Segment:
         return torch.arange(self.start, self.end) if self.tree is None else self.start + self.tree.depth
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, arch: Arch) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, arch: Arch, rows=None) -> torch.Tensor:
     """RMSNorm rounded as transformers does: Gemma multiplies by (1 + w) in float32 before casting,
-    Llama by w after casting."""
+    Llama by w after casting. `rows`: rowops.cpp, for float32 rows in one call."""
+    if rows is not None and x.dtype == torch.float32 and x.shape[-1] % 8 == 0:
+        return rows.rms_norm(x, weight, arch.eps)
     x32 = F.rms_norm(x.float(), x.shape[-1:], eps=arch.eps)
     if arch.gemma:
         return (x32 * weight).to(x.dtype)
@@ -96,26 +98,33 @@ over a cache the new keys are written into."""
 
 
 def layer_aten(h: torch.Tensor, w: LayerWeights, arch: Arch, cos: torch.Tensor, sin: torch.Tensor,
-               linear: Linear, attend: Attend) -> torch.Tensor:
-    """One decoder layer as ATen ops: h (B, T, d) at the positions cos/sin (T, hd) belong to."""
+               linear: Linear, attend: Attend, rows=None) -> torch.Tensor:
+    """One decoder layer as ATen ops: h (B, T, d) at the positions cos/sin (T, hd) belong to.
+    `rows`: rowops.cpp, which does the float32 norms and the q/k norms + RoPE one call each."""
     b, t, _ = h.shape
     hd = arch.head_dim
     hq, hkv = arch.n_heads * hd, arch.n_kv * hd
-    qkv = linear(rms_norm(h, w.norms["attn_in"], arch), w.wqkv)  # (B, T, hq + 2 hkv)
+    qkv = linear(rms_norm(h, w.norms["attn_in"], arch, rows), w.wqkv)  # (B, T, hq + 2 hkv)
+    fused = rows is not None and qkv.dtype == torch.float32 and hd % 16 == 0 and qkv.is_contiguous()
+    if fused:  # q/k norms and RoPE in place, before the heads are split
+        empty = qkv.new_empty(0)
+        rows.qk_rope_(qkv, cos, sin, arch.n_heads, arch.n_kv, hd, w.norms["q"] if arch.gemma else empty,
+                      w.norms["k"] if arch.gemma else empty, arch.eps)
     q = qkv[..., :hq].view(b, t, arch.n_heads, hd).transpose(1, 2)  # (B, Hq, T, hd)
     k = qkv[..., hq : hq + hkv].view(b, t, arch.n_kv, hd).transpose(1, 2)  # (B, Hkv, T, hd)
     v = qkv[..., hq + hkv :].view(b, t, arch.n_kv, hd).transpose(1, 2)
-    if arch.gemma:
-        q, k = rms_norm(q, w.norms["q"], arch), rms_norm(k, w.norms["k"], arch)
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    if not fused:
+        if arch.gemma:
+            q, k = rms_norm(q, w.norms["q"], arch), rms_norm(k, w.norms["k"], arch)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     o = linear(attend(q, k, v).transpose(1, 2).reshape(b, t, hq), w.wo)
     if arch.gemma:
-        o = rms_norm(o, w.norms["attn_out"], arch)
+        o = rms_norm(o, w.norms["attn_out"], arch, rows)
     h = h + o
-    gate, up = linear(rms_norm(h, w.norms["mlp_in"], arch), w.wgu).chunk(2, dim=-1)
+    gate, up = linear(rms_norm(h, w.norms["mlp_in"], arch, rows), w.wgu).chunk(2, dim=-1)
     m = linear(arch.act(gate) * up, w.wdown)
     if arch.gemma:
-        m = rms_norm(m, w.norms["mlp_out"], arch)
+        m = rms_norm(m, w.norms["mlp_out"], arch, rows)
     return h + m
 
 
@@ -156,8 +165,10 @@ class Decoder:
     up to KERNEL_ROWS positions when `kernels` is given, on ATen otherwise."""
 
     def __init__(self, arch: Arch, layers: list[LayerWeights], rope: RopeTable, linear: Linear = F.linear,
-                 kernels=None):
+                 kernels=None, rows=None):
+        """kernels: kernels.cpp (bf16 steps); rows: rowops.cpp (float32 norms and RoPE on ATen passes)."""
         self.arch, self.layers, self.rope, self.linear, self.kernels = arch, layers, rope, linear, kernels
+        self.rows = rows
 
     def new_cache(self, max_length: int | None = None) -> KVCache:
         return KVCache(len(self.layers), self.arch.n_kv, self.arch.head_dim, self.rope.dtype, self.rope.device,
@@ -203,7 +214,7 @@ class Decoder:
                 cos, sin = (table[positions.to(table.device)] for table in self.rope.full(layer.rope))
             attends = [self._cached_attend(s, i, layer.window, masks, j) for j, s in enumerate(segments)]
             x = layer_aten(x, layer, self.arch, cos, sin, self.linear, attends[0] if len(attends) == 1
-                           else _split_attend(attends, [s.rows for s in segments]))
+                           else _split_attend(attends, [s.rows for s in segments]), self.rows)
         for s in segments:
             s.cache.length = s.end
         return x[0]
@@ -253,7 +264,7 @@ class Decoder:
         """A final RMSNorm of h (T, d) or (B, T, d), on the kernels where the step runs on them."""
         if self.on_kernels(h):
             return self.kernels.rms_norm(h.reshape(-1, h.shape[-1]).contiguous(), weight, self.arch.eps).view(h.shape)
-        return rms_norm(h, weight, self.arch)
+        return rms_norm(h, weight, self.arch, self.rows)
 
     def project(self, h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """h @ weight.T (an LM head), on the kernels where the step runs on them."""

@@ -27,8 +27,11 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #define SPECDEC_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -67,15 +70,6 @@ SPECDEC_AVX2 inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// 32 unsigned byte codes (in weight order) -> four float32 vectors.
-SPECDEC_AVX2 inline void widen(__m256i q, __m256 c[4]) {
-  __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-  c[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-  c[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-  c[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-  c[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-}
-
 // 16 bytes of nibbles -> 32 codes: the low nibbles (weights 0-15), then the high ones (16-31).
 SPECDEC_AVX2 inline __m256i nibbles16(const uint8_t* p) {
   __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -83,22 +77,26 @@ SPECDEC_AVX2 inline __m256i nibbles16(const uint8_t* p) {
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
 }
 
-// The dequantised weights g*32 .. g*32+31 of a row (its blocks back to back) as four float32 vectors:
-// codes widened to float, then w = a q + b with one FMA, which is exactly the float32 weight gguf-py's
-// dequantisation gives (a q is exact in float32 for every type here, so both round once).
+// The codes of weights g*32 .. g*32+31 of a row (its blocks back to back), 32 bytes in weight order
+// (signed for Q8_0, unsigned otherwise), and the affine map to the weights: w = a0 q + b0 for weights
+// 0-15, a1 q + b1 for 16-31 (the two differ only in Q6_K, whose scales cover 16 weights).
 template <int64_t KIND>
-SPECDEC_AVX2 inline void group(const uint8_t* row, int64_t g, __m256 w[4]) {
+struct Group {
+  __m256i q;
+  float a0, a1, b0, b1;
+};
+
+template <int64_t KIND>
+SPECDEC_AVX2 inline Group<KIND> codes(const uint8_t* row, int64_t g) {
+  Group<KIND> out;
   float a, b;
   if constexpr (KIND == Q8_0) {
     const uint8_t* block = row + g * 34;
-    for (int i = 0; i < 4; ++i) {
-      __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 2 + 8 * i));
-      w[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
-    }
+    out.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
     a = half(block), b = 0.f;
   } else if constexpr (KIND == Q4_0 || KIND == Q4_1) {
     const uint8_t* block = row + g * (KIND == Q4_1 ? 20 : 18);
-    widen(nibbles16(block + (KIND == Q4_1 ? 4 : 2)), w);
+    out.q = nibbles16(block + (KIND == Q4_1 ? 4 : 2));
     a = half(block), b = KIND == Q4_1 ? half(block + 2) : -8.f * a;
   } else if constexpr (KIND == Q5_0) {  // [d][32 fifth bits][16 bytes of nibbles]: q - 16
     const uint8_t* block = row + g * 22;
@@ -109,7 +107,7 @@ SPECDEC_AVX2 inline void group(const uint8_t* row, int64_t g, __m256 w[4]) {
         _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
     const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
     const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
-    widen(_mm256_or_si256(nibbles16(block + 6), _mm256_and_si256(set, _mm256_set1_epi8(16))), w);
+    out.q = _mm256_or_si256(nibbles16(block + 6), _mm256_and_si256(set, _mm256_set1_epi8(16)));
     a = half(block), b = -16.f * a;
   } else if constexpr (KIND == Q4_K) {
     // [d][dmin][12 bytes: eight 6-bit scales and mins][128 bytes]: group j of a superblock is the low
@@ -125,7 +123,7 @@ SPECDEC_AVX2 inline void group(const uint8_t* row, int64_t g, __m256 w[4]) {
     }
     __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16 + 32 * (j / 2)));
     if (j % 2) raw = _mm256_srli_epi16(raw, 4);
-    widen(_mm256_and_si256(raw, _mm256_set1_epi8(0x0F)), w);
+    out.q = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
     a = half(block) * static_cast<float>(sc), b = -(half(block + 2) * static_cast<float>(m));
   } else {  // Q6_K: [128 bytes low nibbles][64 bytes of 2-bit highs][16 int8 scales][d]; q - 32
     // Group t of the 128-weight half h: low nibbles (t < 2) or high (t >= 2) of ql bytes 64h + 32 (t % 2)
@@ -135,21 +133,31 @@ SPECDEC_AVX2 inline void group(const uint8_t* row, int64_t g, __m256 w[4]) {
     __m256i low = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * h + 32 * (t % 2)));
     if (t >= 2) low = _mm256_srli_epi16(low, 4);
     __m256i high = _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * h)), 2 * t);
-    const __m256i q = _mm256_or_si256(_mm256_and_si256(low, _mm256_set1_epi8(0x0F)),
-                                      _mm256_slli_epi16(_mm256_and_si256(high, _mm256_set1_epi8(3)), 4));
-    widen(q, w);
+    out.q = _mm256_or_si256(_mm256_and_si256(low, _mm256_set1_epi8(0x0F)),
+                            _mm256_slli_epi16(_mm256_and_si256(high, _mm256_set1_epi8(3)), 4));
     const float d = half(block + 208);
     const auto* scales = reinterpret_cast<const int8_t*>(block + 192);
-    const float a0 = d * scales[8 * h + 2 * t], a1 = d * scales[8 * h + 2 * t + 1];
-    const __m256 av0 = _mm256_set1_ps(a0), av1 = _mm256_set1_ps(a1);
-    w[0] = _mm256_fmadd_ps(av0, w[0], _mm256_set1_ps(-32.f * a0));
-    w[1] = _mm256_fmadd_ps(av0, w[1], _mm256_set1_ps(-32.f * a0));
-    w[2] = _mm256_fmadd_ps(av1, w[2], _mm256_set1_ps(-32.f * a1));
-    w[3] = _mm256_fmadd_ps(av1, w[3], _mm256_set1_ps(-32.f * a1));
-    return;
+    out.a0 = d * scales[8 * h + 2 * t], out.a1 = d * scales[8 * h + 2 * t + 1];
+    out.b0 = -32.f * out.a0, out.b1 = -32.f * out.a1;
+    return out;
   }
-  const __m256 av = _mm256_set1_ps(a), bv = _mm256_set1_ps(b);
-  for (int i = 0; i < 4; ++i) w[i] = _mm256_fmadd_ps(av, w[i], bv);
+  out.a0 = out.a1 = a, out.b0 = out.b1 = b;
+  return out;
+}
+
+// The dequantised weights of a group as four float32 vectors: codes widened to float, then w = a q + b
+// with one FMA, which is exactly the float32 weight gguf-py's (and so transformers') dequantisation
+// gives (a q is exact in float32 for every type here, so both round once).
+template <int64_t KIND>
+SPECDEC_AVX2 inline void group(const uint8_t* row, int64_t g, __m256 w[4]) {
+  const Group<KIND> c = codes<KIND>(row, g);
+  const __m128i lo = _mm256_castsi256_si128(c.q), hi = _mm256_extracti128_si256(c.q, 1);
+  const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+  for (int i = 0; i < 4; ++i) {
+    const __m256i wide = KIND == Q8_0 ? _mm256_cvtepi8_epi32(parts[i]) : _mm256_cvtepu8_epi32(parts[i]);
+    w[i] = _mm256_fmadd_ps(_mm256_set1_ps(i < 2 ? c.a0 : c.a1), _mm256_cvtepi32_ps(wide),
+                           _mm256_set1_ps(i < 2 ? c.b0 : c.b1));
+  }
 }
 
 // out[r, n] for rows [r0, r0 + R) of x and output rows [n0, n1): each group of 32 weights is
@@ -177,33 +185,110 @@ SPECDEC_AVX2 void tile(const float* x, const uint8_t* w, float* out, int64_t K, 
   }
 }
 
-template <int64_t KIND>
-void matmul(const float* x, const uint8_t* w, float* out, int64_t M, int64_t K, int64_t N) {
-  // Threads split the output rows; each reads its share of w once per 16 output rows for all of x's
-  // rows (tiles of ROW_TILE, then one of the rest), so w streams from memory once a call.
+// Activations quantised per row and group of 32 (what llama.cpp's Q8 dot products take): x ~ d q with
+// d = max|x| / 127 and q = round(x / d) in int8, plus the sum of each group's q (for Q4_1's and Q4_K's
+// offsets). A row's codes depend on that row alone.
+struct Int8Rows {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> sum;
+};
+
+Int8Rows quantize_rows(const float* x, int64_t M, int64_t K) {
+  const int64_t groups = M * K / QK;
+  Int8Rows out{std::vector<int8_t>(M * K), std::vector<float>(groups), std::vector<int32_t>(groups)};
+  for (int64_t i = 0; i < groups; ++i) {
+    const float* v = x + i * QK;
+    float amax = 0.f;
+    for (int64_t j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const float inverse = amax > 0.f ? 127.f / amax : 0.f;
+    int32_t sum = 0;
+    for (int64_t j = 0; j < QK; ++j) {
+      const int q = static_cast<int>(std::nearbyint(v[j] * inverse));
+      out.q[i * QK + j] = static_cast<int8_t>(std::clamp(q, -127, 127));
+      sum += out.q[i * QK + j];
+    }
+    out.d[i] = amax / 127.f;
+    out.sum[i] = sum;
+  }
+  return out;
+}
+
+// tile() on int8 activations: integer dot products of codes and activations (maddubs, 32 products a
+// group in two instructions), scaled by the group's a and the row's d. Q4_0, Q5_0 and Q6_K codes are
+// shifted to signed (q - 8, - 16, - 32) so w = a q; Q4_1 and Q4_K keep w = a q + b, b times the
+// group's activation sum.
+template <int64_t KIND, int64_t R>
+SPECDEC_AVX2 void tile_int8(const Int8Rows& x, const uint8_t* w, float* out, int64_t K, int64_t N, int64_t r0,
+                            int64_t n0, int64_t n1) {
+  constexpr bool OFFSET = KIND == Q4_1 || KIND == Q4_K;
+  constexpr int SHIFT = KIND == Q4_0 ? 8 : KIND == Q5_0 ? 16 : KIND == Q6_K ? 32 : 0;
+  const int64_t groups = K / QK, row_bytes = K / block_weights(KIND) * block_bytes(KIND);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    __m256 acc[R];
+    float offset[R];
+    for (int64_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offset[r] = 0.f;
+    for (int64_t g = 0; g < groups; ++g) {
+      const Group<KIND> c = codes<KIND>(row, g);
+      __m256i q = SHIFT ? _mm256_sub_epi8(c.q, _mm256_set1_epi8(SHIFT)) : c.q;
+      const __m256i magnitude = OFFSET ? q : _mm256_sign_epi8(q, q);
+      const __m256 a = _mm256_set_m128(_mm_set1_ps(c.a1), _mm_set1_ps(c.a0));  // lanes 0-3: weights 0-15
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t i = (r0 + r) * groups + g;
+        __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + i * QK));
+        if constexpr (!OFFSET) xq = _mm256_sign_epi8(xq, q);
+        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xq), ones);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a, _mm256_set1_ps(x.d[i])), acc[r]);
+        if constexpr (OFFSET) offset[r] = std::fma(c.b0 * x.d[i], static_cast<float>(x.sum[i]), offset[r]);
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) out[(r0 + r) * N + n] = hsum(acc[r]) + offset[r];
+  }
+}
+
+// Threads split the output rows; each reads its share of w once per 16 output rows for all of x's
+// rows (tiles of ROW_TILE, then one of the rest), so w streams from memory once a call.
+template <int64_t KIND, typename X, typename Tile>
+void for_tiles(const X& x, const uint8_t* w, float* out, int64_t M, int64_t K, int64_t N, Tile tile) {
   constexpr int64_t NCHUNK = 16;
   const int64_t chunks = (N + NCHUNK - 1) / NCHUNK;
   at::parallel_for(0, chunks, 4, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t n0 = c * NCHUNK, n1 = std::min(N, n0 + NCHUNK);
       int64_t r = 0;
-      for (; r + ROW_TILE <= M; r += ROW_TILE) tile<KIND, ROW_TILE>(x, w, out, K, N, r, n0, n1);
+      for (; r + ROW_TILE <= M; r += ROW_TILE) tile(std::integral_constant<int64_t, ROW_TILE>{}, r, n0, n1);
       switch (M - r) {  // the rest in one tile: a row's arithmetic is the same in any tile
-        case 7: tile<KIND, 7>(x, w, out, K, N, r, n0, n1); break;
-        case 6: tile<KIND, 6>(x, w, out, K, N, r, n0, n1); break;
-        case 5: tile<KIND, 5>(x, w, out, K, N, r, n0, n1); break;
-        case 4: tile<KIND, 4>(x, w, out, K, N, r, n0, n1); break;
-        case 3: tile<KIND, 3>(x, w, out, K, N, r, n0, n1); break;
-        case 2: tile<KIND, 2>(x, w, out, K, N, r, n0, n1); break;
-        case 1: tile<KIND, 1>(x, w, out, K, N, r, n0, n1); break;
+        case 7: tile(std::integral_constant<int64_t, 7>{}, r, n0, n1); break;
+        case 6: tile(std::integral_constant<int64_t, 6>{}, r, n0, n1); break;
+        case 5: tile(std::integral_constant<int64_t, 5>{}, r, n0, n1); break;
+        case 4: tile(std::integral_constant<int64_t, 4>{}, r, n0, n1); break;
+        case 3: tile(std::integral_constant<int64_t, 3>{}, r, n0, n1); break;
+        case 2: tile(std::integral_constant<int64_t, 2>{}, r, n0, n1); break;
+        case 1: tile(std::integral_constant<int64_t, 1>{}, r, n0, n1); break;
       }
     }
   });
 }
 
+template <int64_t KIND>
+void matmul(const float* x, const uint8_t* w, float* out, int64_t M, int64_t K, int64_t N, bool int8) {
+  if (int8) {
+    const Int8Rows xq = quantize_rows(x, M, K);
+    for_tiles<KIND>(xq, w, out, M, K, N, [&](auto rows, int64_t r, int64_t n0, int64_t n1) {
+      tile_int8<KIND, decltype(rows)::value>(xq, w, out, K, N, r, n0, n1);
+    });
+  } else {
+    for_tiles<KIND>(x, w, out, M, K, N, [&](auto rows, int64_t r, int64_t n0, int64_t n1) {
+      tile<KIND, decltype(rows)::value>(x, w, out, K, N, r, n0, n1);
+    });
+  }
+}
+
 bool supported() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
-torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t in_features) {
+torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t in_features, bool int8) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "quant.linear takes float32 activations");
   TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w: (N, blocks bytes) uint8");
   const int64_t K = in_features, per_block = block_weights(kind);
@@ -219,12 +304,12 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t in_
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   switch (kind) {
-    case Q4_0: matmul<Q4_0>(xp, wp, op, M, K, N); break;
-    case Q4_1: matmul<Q4_1>(xp, wp, op, M, K, N); break;
-    case Q5_0: matmul<Q5_0>(xp, wp, op, M, K, N); break;
-    case Q4_K: matmul<Q4_K>(xp, wp, op, M, K, N); break;
-    case Q6_K: matmul<Q6_K>(xp, wp, op, M, K, N); break;
-    case Q8_0: matmul<Q8_0>(xp, wp, op, M, K, N); break;
+    case Q4_0: matmul<Q4_0>(xp, wp, op, M, K, N, int8); break;
+    case Q4_1: matmul<Q4_1>(xp, wp, op, M, K, N, int8); break;
+    case Q5_0: matmul<Q5_0>(xp, wp, op, M, K, N, int8); break;
+    case Q4_K: matmul<Q4_K>(xp, wp, op, M, K, N, int8); break;
+    case Q6_K: matmul<Q6_K>(xp, wp, op, M, K, N, int8); break;
+    case Q8_0: matmul<Q8_0>(xp, wp, op, M, K, N, int8); break;
     default: TORCH_CHECK(false, "unsupported GGUF block type ", kind);
   }
   shape.back() = N;
@@ -235,6 +320,6 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t in_
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "whether this CPU has AVX2 and FMA");
-  m.def("linear", &linear, "x @ w.T on GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks, float32 activations", py::arg("x"),
-        py::arg("w"), py::arg("kind"), py::arg("in_features"));
+  m.def("linear", &linear, "x @ w.T on GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks; float32 activations, or int8",
+        py::arg("x"), py::arg("w"), py::arg("kind"), py::arg("in_features"), py::arg("int8") = false);
 }

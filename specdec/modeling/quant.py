@@ -82,15 +82,18 @@ def shape(w: QuantWeight | QuantParts) -> tuple[int, int]:
     return sum(p.out_features for p in parts), parts[0].in_features
 
 
-def quant_linear(fallback: Callable) -> Callable:
-    """A linear(x, w) that runs GGUF weights on the kernels and hands anything else to `fallback`."""
+def quant_linear(fallback: Callable, int8: bool = False) -> Callable:
+    """A linear(x, w) that runs GGUF weights on the kernels and hands anything else to `fallback`.
+    int8: quantise the activations per row and group of 32 to int8 (llama.cpp's Q8 dot products:
+    integer products, faster, and no longer the float model's exact weights times exact activations)."""
     module = load()
 
     def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(w, QuantWeight):
-            out = module.linear(x, w.blocks, w.kind, w.in_features)
+            out = module.linear(x, w.blocks, w.kind, w.in_features, int8)
         elif isinstance(w, QuantParts):
-            out = torch.cat([module.linear(x, part.blocks, part.kind, part.in_features) for part in w.parts], dim=-1)
+            out = torch.cat([module.linear(x, part.blocks, part.kind, part.in_features, int8) for part in w.parts],
+                            dim=-1)
         else:
             return fallback(x, w, bias)
         return out if bias is None else out + bias

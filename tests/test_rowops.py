@@ -1,0 +1,73 @@
+"""rowops.cpp, the float32 norms and q/k RoPE of the lean backend's ATen path, against the ATen ops
+they replace, and the lean backend with them against transformers at a head size they serve."""
+
+import pytest
+import torch
+
+from specdec.backends import TransformersBackend
+from specdec.backends.lean import LeanBackend
+from specdec.modeling import Arch, rms_norm, rotate, rowops
+
+
+@pytest.fixture(scope="module")
+def rows():
+    module = rowops.load()
+    if module is None:
+        pytest.skip(f"rowops.cpp cannot run here: {rowops.unavailable_reason()}")
+    return module
+
+
+@pytest.mark.parametrize("gemma", [False, True])
+def test_rms_norm_is_aten_rms_norm(rows, gemma):
+    arch = Arch(n_heads=4, n_kv=2, head_dim=64, scale=0.125, eps=1e-6, gemma=gemma)
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 7, 576, generator=g) * 3, torch.randn(576, generator=g)
+    out = rows.rms_norm(x, w, arch.eps)
+    assert out.shape == x.shape
+    torch.testing.assert_close(out, rms_norm(x, w, arch), rtol=1e-6, atol=1e-6)
+    assert torch.equal(rows.rms_norm(x[:, 3:4].contiguous(), w, arch.eps), out[:, 3:4])  # a row alone: the same
+
+
+@pytest.mark.parametrize("head_dim,gemma", [(64, False), (256, True)])
+def test_qk_rope_is_norms_then_rotate(rows, head_dim, gemma):
+    n_heads, n_kv, t = 4, 2, 5
+    g = torch.Generator().manual_seed(1)
+    qkv = torch.randn(1, t, (n_heads + 2 * n_kv) * head_dim, generator=g)
+    cos, sin = torch.randn(t, head_dim, generator=g), torch.randn(t, head_dim, generator=g)
+    q_norm, k_norm = torch.rand(head_dim, generator=g) + 0.5, torch.rand(head_dim, generator=g) + 0.5
+    arch = Arch(n_heads=n_heads, n_kv=n_kv, head_dim=head_dim, scale=0.1, eps=1e-6, gemma=gemma)
+    heads = qkv.view(1, t, n_heads + 2 * n_kv, head_dim).transpose(1, 2)
+    q, k, v = heads[:, :n_heads], heads[:, n_heads : n_heads + n_kv], heads[:, n_heads + n_kv :].clone()
+    if gemma:
+        q, k = rms_norm(q, q_norm, arch), rms_norm(k, k_norm, arch)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    empty = torch.empty(0)
+    rows.qk_rope_(qkv, cos, sin, n_heads, n_kv, head_dim, q_norm if gemma else empty, k_norm if gemma else empty,
+                  arch.eps)
+    got = qkv.view(1, t, n_heads + 2 * n_kv, head_dim).transpose(1, 2)
+    torch.testing.assert_close(got[:, :n_heads], q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[:, n_heads : n_heads + n_kv], k, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[:, n_heads + n_kv :], v)  # values untouched
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_lean_with_rowops_gives_transformers_logits(rows, arch):
+    """Head size 64: the fused q/k path serves (the tiny models elsewhere have head size 8)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                             num_attention_heads=2, num_key_value_heads=1))
+    else:
+        model = Gemma3ForCausalLM(Gemma3TextConfig(vocab_size=40, hidden_size=128, intermediate_size=256,
+                                                   num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                                   head_dim=64, sliding_window=8, layer_types=["sliding_attention",
+                                                                                               "full_attention"]))
+    model.eval()
+    lean, hf = LeanBackend(model), TransformersBackend(model)
+    assert lean.decoder.rows is not None
+    ids = torch.randint(0, 40, (24,), generator=torch.Generator().manual_seed(2))
+    for chunk in (ids[:10], ids[10:11], ids[11:16], ids[16:24]):
+        a, b = lean.forward(chunk), hf.forward(chunk)
+        assert (a - b).abs().max() <= 1e-4 * max(1.0, b.abs().max())
