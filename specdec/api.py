@@ -51,8 +51,9 @@ class SpecDec:
     trained drafter ships for the target, that drafter for sampled ones; measured faster so).
     backend: auto (the lean forward pass where the architecture is known, else transformers),
     lean or transformers.
-    weights: auto, gguf or float (config.WEIGHTS): whether a built-in target's linear layers read the
-    GGUF file's own blocks (the self-q4 drafter needs the target on float weights: auto then means float).
+    weights: auto, gguf, gguf-int8 or float (config.WEIGHTS): whether a built-in target's linear layers
+    read the GGUF file's own blocks, and with which activations (the self-q4 drafter needs the target
+    on float weights: auto then means float).
     """
 
     def __init__(self, target: str = "smollm2-135m", drafter: str = "auto", dtype: str = "auto", device: str = "cpu",

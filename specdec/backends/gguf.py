@@ -76,13 +76,14 @@ class GGUFWeights:
         return self.tensors.get("token_embd.weight")
 
 
-def choose_weights(choice: str, gguf_path: Path | None, dtype: torch.dtype, dtype_choice: str, backend: str) -> Path | None:
+def choose_weights(choice: str, gguf_path: Path | None, dtype: torch.dtype, dtype_choice: str, backend: str,
+                   asked_by: str | None = None) -> Path | None:
     """The GGUF file the lean backend should read its weights from, or None for float weights.
 
     `auto` takes the blocks only where they were measured faster than the float path: float32
     activations chosen by --dtype auto (a CPU without AVX-512 BF16, where kernels.cpp cannot run),
     the lean backend, a built-in GGUF target and a CPU that runs quant.cpp. `gguf` and `gguf-int8`
-    insist, and say what stands in the way."""
+    insist, and say what stands in the way (naming `asked_by`, e.g. a drafter that needs the blocks)."""
     if choice not in WEIGHTS:
         raise SpecdecError(f"unknown --weights {choice!r}: use {', '.join(WEIGHTS)}")
     if choice == "float":
@@ -103,5 +104,5 @@ def choose_weights(choice: str, gguf_path: Path | None, dtype: torch.dtype, dtyp
     if not problems and quant.load() is None:
         problems.append(f"the GGUF kernels cannot run here: {quant.unavailable_reason()}")
     if problems:
-        raise SpecdecError(f"--weights {choice}: " + "; ".join(problems))
+        raise SpecdecError(f"{asked_by or '--weights ' + choice}: " + "; ".join(problems))
     return gguf_path

@@ -175,7 +175,8 @@ class LeanBackend(Backend):
 
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor, start: int, tree=None, logits: bool = True) -> torch.Tensor | None:
-        features = self.decoder.norm(self.decoder.run(self._embed(ids), start, self.cache, tree), self.final_norm)
+        hidden = self.decoder.run(self._embed(ids), start, self.cache, tree, prompt=not logits)
+        features = self.decoder.norm(hidden, self.final_norm)
         self._store_hidden(start, features)
         return self._logits(features) if logits else None
 
@@ -210,7 +211,8 @@ class LeanBackend(Backend):
         from ..modeling.tree import TreeLayout
 
         segments = [Segment(sequence.cache, sequence.length, step.rows,
-                            None if step.parents is None else TreeLayout.of(step.parents)) for sequence, step in work]
+                            None if step.parents is None else TreeLayout.of(step.parents), prompt=not step.wants_logits)
+                    for sequence, step in work]
         h = self.decoder.run_many(self._embed(torch.cat([step.ids for _, step in work])), segments)
         features = self.decoder.norm(h, self.final_norm).split([s.rows for s in segments])
         for (sequence, step), segment, part in zip(work, segments, features):
@@ -239,7 +241,6 @@ def make_backend(model, prefer: str = "auto", gguf: Path | None = None, int8_act
         raise SpecdecError(f"the lean backend knows {', '.join(SUPPORTED)}, not {model.config.model_type!r}: "
                            "use --backend transformers")
     return TransformersBackend(model)
-
 
 
 def target_backend(loaded, prefer: str = "auto", weights: str = "auto", dtype_choice="auto") -> Backend:

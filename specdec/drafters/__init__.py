@@ -99,7 +99,8 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
                                "the target runs on those blocks already (--weights gguf or gguf-int8): use --weights float")
         from ..backends.gguf import choose_weights
 
-        gguf = choose_weights("gguf", target.gguf, target.dtype, "float32", backend)
+        gguf = choose_weights("gguf", target.gguf, target.dtype, "float32", backend,
+                              asked_by="--drafter self-q4 runs on the target's GGUF blocks")
         target_width = target.model.get_output_embeddings().weight.shape[0]
         # int8 activations: drafting is one row at a time, where they are fastest (quant.cpp)
         return ModelDrafter(make_backend(target.model, "lean", gguf=gguf, int8_activations=True), target_width,

@@ -72,6 +72,10 @@ class Segment:
     start: int
     rows: int
     tree: TreeLayout | None = None
+    prompt: bool = False
+    """A chunk of a prompt (no logits wanted): attention on ATen's SDPA, which is faster over many rows
+    than rowops.cpp's, while every pass that produces logits attends on rowops.cpp (where it runs), one
+    implementation whatever the row count."""
 
     @property
     def end(self) -> int:
@@ -178,7 +182,8 @@ class Decoder:
         """Whether h (T, d) or (1, T, d) takes the kernels."""
         return (self.kernels is not None and h.dtype == torch.bfloat16 and h.numel() <= KERNEL_ROWS * h.shape[-1])
 
-    def run(self, h: torch.Tensor, start: int, cache: KVCache, tree: TreeLayout | None = None) -> torch.Tensor:
+    def run(self, h: torch.Tensor, start: int, cache: KVCache, tree: TreeLayout | None = None,
+            prompt: bool = False) -> torch.Tensor:
         """h (T, d) at positions start..start+T-1 through every layer; writes their keys and values
         into cache slots start..start+T-1 and sets its length to start + T. With a tree, row i sits
         at position start + depth and sees the cache before `start` and its own ancestors (ATen)."""
@@ -191,7 +196,7 @@ class Decoder:
                 h = layer_kernels(self.kernels, h, layer, self.arch, self.rope, cache, i, start)
             cache.length = end
             return h
-        return self.run_many(h, [Segment(cache, start, h.shape[0], tree)])
+        return self.run_many(h, [Segment(cache, start, h.shape[0], tree, prompt)])
 
     def run_many(self, h: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
         """Several sequences in one pass (ATen): h (R, d) holds each segment's rows in turn. The
@@ -241,8 +246,14 @@ class Decoder:
                     allowed &= k_pos > q_pos - window
                 masks[key, window] = allowed  # (n, end - lo)
         mask = masks[key, window]
+        rows = (self.rows if self.rows is not None and cache.k[index].dtype == torch.float32 and not segment.prompt
+                else None)
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if rows is not None and q.shape[-1] % 8 == 0:  # the cache writes and attention in one call
+                visible = mask if mask is not None else q.new_empty(0, dtype=torch.bool)
+                return rows.attend(q, k, v, cache.k[index], cache.v[index], start, lo, visible,
+                                   self.arch.scale).transpose(1, 2)
             cache.k[index][:, start:end] = k[0]
             cache.v[index][:, start:end] = v[0]
             keys, values = cache.k[index][None, :, lo:end], cache.v[index][None, :, lo:end]

@@ -8,15 +8,23 @@
 //   rms_norm   y = (x / sqrt(mean(x^2) + eps)) * w per row (Llama's and, with w = 1 + weight, Gemma's
 //              float32 RMSNorm);
 //   qk_rope_   in place on a fused QKV block: Gemma's per-head q/k RMSNorms, then RoPE on every q and
-//              k head (x cos + rotate_half(x) sin, sin holding rotate_half's sign).
+//              k head (x cos + rotate_half(x) sin, sin holding rotate_half's sign);
+//   attend     one sequence's attention over its KV cache: write the new keys and values, then for
+//              each query and head softmax(q k^T scale) v over the keys a boolean mask allows (causal,
+//              sliding window, a token tree's ancestors), grouped KV heads; replaces the cache
+//              writes, slices and SDPA call (~40 us a layer for one query).
 //
 // Each row's arithmetic depends on that row alone, so results do not depend on how many rows a pass
 // holds, and speculative, batched and plain decoding stay token for token equal.
 
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #define SPECDEC_AVX2 __attribute__((target("avx2,fma")))
 
@@ -52,6 +60,58 @@ SPECDEC_AVX2 void rope_head(float* x, const float* cos, const float* sin, int64_
                                     _mm256_mul_ps(a, _mm256_loadu_ps(sin + half + i)));
     _mm256_storeu_ps(x + i, lo);
     _mm256_storeu_ps(x + half + i, hi);
+  }
+}
+
+// e^x for 8 floats: 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p Cephes' degree-5 polynomial
+// (relative error ~2e-7); x below -87 gives 0.
+SPECDEC_AVX2 inline __m256 exp8(__m256 x) {
+  const __m256 low = _mm256_set1_ps(-87.3f);
+  const __m256 under = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, low), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+SPECDEC_AVX2 inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 s = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
+  return hsum(s);
+}
+
+// One query against keys [lo, end) of one KV head: out = softmax(scale q.k_j over allowed j) . v.
+SPECDEC_AVX2 void attend_one(const float* q, const float* keys, const float* values, const bool* allowed,
+                             int64_t count, int64_t hd, float scale, float* out, std::vector<float>& scores) {
+  scores.resize(count + 8);
+  float top = -INFINITY;
+  for (int64_t j = 0; j < count; ++j) {
+    scores[j] = (allowed == nullptr || allowed[j]) ? dot(q, keys + j * hd, hd) * scale : -INFINITY;
+    top = std::max(top, scores[j]);
+  }
+  for (int64_t j = count; j < count + 8; ++j) scores[j] = -INFINITY;  // padding for the last vector
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 total = _mm256_setzero_ps();
+  for (int64_t j = 0; j < count; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores.data() + j), shift));
+    _mm256_storeu_ps(scores.data() + j, e);
+    total = _mm256_add_ps(total, e);
+  }
+  const float norm = 1.f / hsum(total);
+  for (int64_t i = 0; i < hd; i += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < count; ++j)
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]), _mm256_loadu_ps(values + j * hd + i), acc);
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(acc, _mm256_set1_ps(norm)));
   }
 }
 
@@ -93,10 +153,52 @@ void qk_rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t n
   }
 }
 
+// q (1, Hq, T, hd), k and v (1, Hkv, T, hd): any strides with a contiguous last dimension (views of
+// a fused QKV block). k_cache, v_cache (Hkv, capacity, hd) contiguous. The new keys and values go to
+// slots start..start+T-1; query t sees keys lo..start+T-1 where visible[t][j - lo] (all if empty).
+// Returns (1, T, Hq, hd).
+torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
+                     int64_t start, int64_t lo, torch::Tensor visible, double scale) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32, "float32 only");
+  TORCH_CHECK(q.dim() == 4 && q.size(0) == 1 && q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+              "q, k, v: (1, heads, T, head_dim) with contiguous rows");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "the caches must be contiguous");
+  const int64_t n_heads = q.size(1), T = q.size(2), hd = q.size(3), n_kv = k.size(1);
+  const int64_t end = start + T, count = end - lo, capacity = k_cache.size(1);
+  TORCH_CHECK(hd % 8 == 0 && n_heads % n_kv == 0 && end <= capacity && lo >= 0 && lo <= start, "bad shapes");
+  TORCH_CHECK(visible.numel() == 0 || (visible.scalar_type() == torch::kBool && visible.size(0) == T &&
+                                       visible.size(1) == count), "visible: (T, end - lo) bool");
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  for (int64_t h = 0; h < n_kv; ++h)
+    for (int64_t t = 0; t < T; ++t) {
+      std::memcpy(kc + (h * capacity + start + t) * hd, k.data_ptr<float>() + h * k.stride(1) + t * k.stride(2), hd * 4);
+      std::memcpy(vc + (h * capacity + start + t) * hd, v.data_ptr<float>() + h * v.stride(1) + t * v.stride(2), hd * 4);
+    }
+  torch::Tensor mask = visible.numel() ? visible.contiguous() : visible;
+  const bool* mp = visible.numel() ? mask.data_ptr<bool>() : nullptr;
+  torch::Tensor out = torch::empty({1, T, n_heads, hd}, q.options());
+  float* op = out.data_ptr<float>();
+  const float* qp = q.data_ptr<float>();
+  const int64_t group = n_heads / n_kv;
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, count));
+  at::parallel_for(0, n_heads * T, grain, [&](int64_t u0, int64_t u1) {
+    std::vector<float> scores;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t h = u / T, t = u % T, g = h / group;
+      attend_one(qp + h * q.stride(1) + t * q.stride(2), kc + (g * capacity + lo) * hd, vc + (g * capacity + lo) * hd,
+                 mp ? mp + t * count : nullptr, count, hd, static_cast<float>(scale), op + (t * n_heads + h) * hd,
+                 scores);
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "whether this CPU has AVX2 and FMA");
   m.def("rms_norm", &rms_norm, "float32 RMSNorm of each row", py::arg("x"), py::arg("weight"), py::arg("eps"));
   m.def("qk_rope_", &qk_rope_, "in place on fused QKV rows: optional q/k RMSNorms, then RoPE on q and k");
+  m.def("attend", &attend, "write new keys/values into the cache, then masked attention over it");
 }
