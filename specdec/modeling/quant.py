@@ -39,7 +39,8 @@ def unavailable_reason() -> str | None:
 
 @dataclass(frozen=True)
 class QuantWeight:
-    """An (out_features, in_features) weight as GGUF blocks: uint8 (out_features, in_features / 32 * bytes)."""
+    """An (out_features, in_features) weight as GGUF blocks: uint8 (out_features, bytes of a row's
+    blocks), `kind` the ggml type id (KINDS)."""
 
     blocks: torch.Tensor
     kind: int
@@ -48,10 +49,6 @@ class QuantWeight:
     @property
     def out_features(self) -> int:
         return self.blocks.shape[0]
-
-    @property
-    def nbytes(self) -> int:
-        return self.blocks.numel()
 
     def rows(self, index: torch.Tensor) -> QuantWeight:
         """The weight with its output rows taken in `index`'s order (whole rows of blocks)."""
@@ -63,10 +60,6 @@ class QuantParts:
     """A fused projection whose parts are quantised differently: outputs concatenated in order."""
 
     parts: tuple[QuantWeight, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(part.nbytes for part in self.parts)
 
 
 def fuse(weights: list[QuantWeight]) -> QuantWeight | QuantParts:
