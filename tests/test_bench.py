@@ -90,3 +90,30 @@ def test_coupled_rows_measure_the_coupling_at_t_above_zero(tiny_dirs, prompts_fi
     coupled = [r for r in rows if r["method"].endswith("+coupled")]
     assert coupled and all(r["temperature"] == 1.0 for r in coupled)  # greedy has nothing to couple
     assert all(0 <= r["alpha"] <= 1 for r in coupled)
+
+
+def test_peers_are_compared_end_to_end():
+    """A peer's time includes its prefill, so its speedup is against plain decoding's end-to-end rate;
+    specdec's own rows compare decoding rates. Rows carry both rates."""
+    def run(method, tps, e2e, **extra):
+        return {"method": method, "task": "t", "prompt_index": 0, "temperature": 0.0, "gamma": None, "tokens": [1, 2],
+                "tps": tps, "e2e_tps": e2e, "peak_rss_mb": 1.0, **extra}
+
+    rows = runner.aggregate([run("plain", 50.0, 40.0), run("llama.cpp", 60.0, 60.0, includes_prefill=True),
+                             run("hf-generate", 20.0, 20.0, includes_prefill=True)], runner.BenchConfig())
+    by = {r["method"]: r for r in rows}
+    assert by["llama.cpp"]["speedup"]["median"] == pytest.approx(1.5)
+    assert by["hf-generate"]["speedup"]["median"] == pytest.approx(0.5)
+    assert by["plain"]["speedup"]["median"] == 1.0
+    assert by["plain"]["e2e_tokens_per_s"] == 40.0 and by["llama.cpp"]["e2e_tokens_per_s_range"] == [60.0, 60.0]
+    assert runner.BenchConfig().peers == ("hf", "llama.cpp")
+
+
+def test_peer_names_are_checked():
+    import argparse
+
+    from specdec.cli.bench import peer_list
+
+    assert peer_list("hf,llama.cpp") == ["hf", "llama.cpp"] and peer_list("none") == []
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown peer 'vllm'"):
+        peer_list("hf,vllm")

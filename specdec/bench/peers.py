@@ -32,7 +32,6 @@ def hf_generate(model, prompt_ids: list[int], sampling: SamplingParams, max_new_
     return out[0, len(prompt_ids):].tolist(), seconds
 
 
-
 def llama_cpp_available() -> bool:
     """Whether llama-cpp-python is installed (the optional extra `llama-cpp`; ~8 minutes to build)."""
     import importlib.util

@@ -41,8 +41,8 @@ class BenchConfig:
     backend: str = "auto"
     """auto (lean where known), lean or transformers: the forward pass specdec's rows run on."""
     weights: str = "auto"
-    """auto, gguf or float (config.WEIGHTS): a built-in target's linear layers on its GGUF blocks or
-    float weights (auto is float when a self-q4 drafter is benchmarked)."""
+    """auto, gguf, gguf-int8 or float (config.WEIGHTS): a built-in target's linear layers on its GGUF
+    blocks or float weights (auto is float when a self-q4 drafter is benchmarked)."""
     peers: tuple[str, ...] = PEERS
     """Peers to run beside specdec: "hf" (transformers' generate(): plain, prompt lookup, assisted) and
     "llama.cpp" (llama-cpp-python on a built-in target's own GGUF file: plain, prompt lookup; needs the
@@ -140,7 +140,8 @@ def _run_one(name, key, gamma, prompt, p_index, ids, sampling, config, plain_eng
     if key is not None and isinstance(engines.get(key, (None,))[0], LlamaCpp):
         tokens, seconds = engines[key][0].generate(ids, sampling, config.max_new_tokens, eos)
         tps = len(tokens) / seconds if seconds else None
-        return {**base, "tokens": tokens, "seconds": seconds, "tps": tps, "e2e_tps": tps, "peak_rss_mb": _peak_rss_mb()}
+        return {**base, "tokens": tokens, "seconds": seconds, "tps": tps, "e2e_tps": tps, "includes_prefill": True,
+                "peak_rss_mb": _peak_rss_mb()}
     if key is None or key in engines:
         engine = plain_engine if key is None else engines[key][0]
         engine.target.reset()  # every run prefills its prompt: end-to-end times stay comparable
@@ -160,7 +161,8 @@ def _run_one(name, key, gamma, prompt, p_index, ids, sampling, config, plain_eng
         extra = {"assistant_model": engines[key.removeprefix("hf-assist:")][1].backend.model}
     tokens, seconds = hf_generate(target.model, ids, sampling, config.max_new_tokens, eos, **extra)
     tps = len(tokens) / seconds if seconds else None  # generate() prefills too: decoding and end to end alike
-    return {**base, "tokens": tokens, "seconds": seconds, "tps": tps, "e2e_tps": tps, "peak_rss_mb": _peak_rss_mb()}
+    return {**base, "tokens": tokens, "seconds": seconds, "tps": tps, "e2e_tps": tps, "includes_prefill": True,
+            "peak_rss_mb": _peak_rss_mb()}
 
 
 def aggregate(runs: list[dict], config: BenchConfig) -> list[dict]:
@@ -172,12 +174,13 @@ def aggregate(runs: list[dict], config: BenchConfig) -> list[dict]:
     rows = []
     for (task, method, temperature, gamma), items in groups.items():
         base = [plain[(r["task"], r["prompt_index"], r["temperature"])] for r in items]
-        speedups = [r["tps"] / b["tps"] for r, b in zip(items, base) if r["tps"] and b["tps"]]
+        # a peer's time includes its prefill: it is compared with plain decoding's end-to-end rate
+        rate = "e2e_tps" if items[0].get("includes_prefill") else "tps"
+        speedups = [r["tps"] / b[rate] for r, b in zip(items, base) if r["tps"] and b.get(rate)]
+        e2e = [r["e2e_tps"] for r in items if r.get("e2e_tps")] or [0.0]
         row = {"task": task, "method": method, "temperature": temperature, "gamma": gamma, "prompts": len(items),
                "tokens_per_s": statistics.median([r["tps"] for r in items if r["tps"]] or [0.0]),
-               "e2e_tokens_per_s": statistics.median([r["e2e_tps"] for r in items if r.get("e2e_tps")] or [0.0]),
-               "e2e_tokens_per_s_range": [min([r["e2e_tps"] for r in items if r.get("e2e_tps")] or [0.0]),
-                                          max([r["e2e_tps"] for r in items if r.get("e2e_tps")] or [0.0])],
+               "e2e_tokens_per_s": statistics.median(e2e), "e2e_tokens_per_s_range": [min(e2e), max(e2e)],
                "speedup": _summary(speedups), "peak_rss_mb": max(r["peak_rss_mb"] for r in items),
                "new_tokens": sum(len(r["tokens"]) for r in items)}
         if temperature == 0:
