@@ -14,14 +14,15 @@
 // The codes are widened to float32 and turned into the weight with one FMA, which gives exactly the
 // float32 weight gguf-py's (and so transformers') dequantisation gives; each row of activations then
 // multiplies it with FMAs. The only difference from a float32 matmul on the dequantised model is the
-// order of the sums: activations are not quantised.
+// order of the sums. With int8 = true the activations are rounded to int8 per row and 32 columns and
+// multiplied as integers (tile_int8: llama.cpp's arithmetic, a slightly different model).
 //
 // Row invariance: every row of x goes through the same instruction sequence whatever the number of
 // rows multiplied together (rows are tiled, each with its own accumulators), so a position's logits do
 // not depend on how many positions a pass scores, and speculative decoding emits what plain decoding
 // emits token for token at T = 0.
 //
-// AVX2 + FMA + F16C (every x86-64 CPU since 2013, AMD's included); quant.py checks at run time.
+// AVX2 + FMA + F16C (Intel since Haswell, AMD since Excavator); supported() checks AVX2 and FMA at run time.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
