@@ -15,7 +15,7 @@ import torch
 
 from .backends import target_backend
 from .config import WEIGHTS, SamplingParams, SpecConfig
-from .drafters import build_drafter, parse_drafter
+from .drafters import build_drafter, target_weights
 from .engine import Generation, SpeculativeEngine
 from .errors import SpecdecError
 from .metrics import GenerationStats
@@ -61,11 +61,9 @@ class SpecDec:
         if weights not in WEIGHTS:
             raise SpecdecError(f"unknown weights {weights!r}: use {', '.join(WEIGHTS)}")
         self.target = load_model(target, dtype, device)
-        if weights == "auto" and parse_drafter(drafter)[0] == "self-q4":
-            weights = "float"
-        target_pass = target_backend(self.target, backend, weights, dtype)
+        target_pass = target_backend(self.target, backend, target_weights(weights, [drafter]), dtype)
         self.drafter = build_drafter(drafter, self.target, dtype, device, backend,
-                                     target_on_blocks=getattr(target_pass, "gguf", None) is not None)
+                                     target_on_blocks=target_pass.gguf is not None)
         self.engine = SpeculativeEngine(target_pass, self.drafter, self.target.eos_token_ids)
 
     @property

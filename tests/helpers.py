@@ -9,6 +9,18 @@ import torch
 
 from specdec.backends import Backend
 
+
+def built_extension(wrapper):
+    """The compiled module behind a specdec.modeling extension wrapper (quant, rowops), or a skip
+    that says why it cannot run on this machine."""
+    import pytest
+
+    module = wrapper.load()
+    if module is None:
+        pytest.skip(f"{wrapper.__name__} cannot run here: {wrapper.unavailable_reason()}")
+    return module
+
+
 CHARS = list("abcdefghijklmnopqrstuvwxyz .,\n")  # the tiny tokenizer's vocabulary: one id per character
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import tiny_gemma3, tiny_llama
+from helpers import built_extension, tiny_gemma3, tiny_llama
 from specdec.backends.gguf import GGUFWeights, choose_weights
 from specdec.backends.lean import LeanBackend, target_backend
 from specdec.batching import Batch
@@ -23,10 +23,7 @@ KINDS = quant.KINDS
 
 @pytest.fixture(scope="module")
 def kernels():
-    module = quant.load()
-    if module is None:
-        pytest.skip(f"quant.cpp cannot run here: {quant.unavailable_reason()}")
-    return module
+    return built_extension(quant)
 
 
 SUPER = {12: (144, (0, 2)), 14: (210, (208,))}  # K-quants: bytes a 256-weight block, offsets of its f16 scales

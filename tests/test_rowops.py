@@ -4,6 +4,7 @@ they replace, and the lean backend with them against transformers at a head size
 import pytest
 import torch
 
+from helpers import built_extension
 from specdec.backends import TransformersBackend
 from specdec.backends.lean import LeanBackend
 from specdec.modeling import Arch, rms_norm, rotate, rowops
@@ -11,10 +12,7 @@ from specdec.modeling import Arch, rms_norm, rotate, rowops
 
 @pytest.fixture(scope="module")
 def rows():
-    module = rowops.load()
-    if module is None:
-        pytest.skip(f"rowops.cpp cannot run here: {rowops.unavailable_reason()}")
-    return module
+    return built_extension(rowops)
 
 
 @pytest.mark.parametrize("gemma", [False, True])

@@ -54,6 +54,9 @@ class Backend(ABC):
     """The most positions one pass scores on the fast path, whose numbers do not depend on how
     many positions are scored together; None where there is no such path. gamma="auto" stays
     within it (fast_rows - 1 drafts), so speculative greedy output equals plain greedy output."""
+    gguf = None
+    """The GGUF blocks the linear layers run on (backends/gguf.GGUFWeights; the lean backend's
+    --weights gguf), None for float weights."""
 
     def __init__(self) -> None:
         self.held: list[int] = []

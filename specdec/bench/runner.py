@@ -16,7 +16,7 @@ from pathlib import Path
 from .. import theory
 from ..backends import target_backend
 from ..config import SamplingParams, SpecConfig
-from ..drafters import build_drafter, parse_drafter
+from ..drafters import build_drafter, parse_drafter, target_weights
 from ..engine import SpeculativeEngine
 from ..models import load_model
 from ..prompts import TASKS, Prompt, load_prompts_file, task_prompts
@@ -74,11 +74,8 @@ def collect_prompts(config: BenchConfig) -> list[Prompt]:
 def run_bench(config: BenchConfig, progress=None) -> list[dict]:
     """Run everything; returns rows (also the input of the table and plots)."""
     target = load_model(config.target, config.dtype)
-    weights = config.weights
-    if weights == "auto" and any(parse_drafter(spec)[0] == "self-q4" for spec in config.drafters):
-        weights = "float"
-    backend = target_backend(target, config.backend, weights, config.dtype)
-    on_blocks = getattr(backend, "gguf", None) is not None
+    backend = target_backend(target, config.backend, target_weights(config.weights, config.drafters), config.dtype)
+    on_blocks = backend.gguf is not None
     eos = target.eos_token_ids
     plain_engine = SpeculativeEngine(backend, None, eos)
     engines = {}

@@ -18,7 +18,7 @@ SHIPPED_DIR = Path(__file__).parent.parent / "data" / "drafters"
 
 __all__ = ["AutoPromptLookup", "Drafter", "Proposal", "ByTemperature", "ModelDrafter", "NGramDrafter", "NGramTable",
            "PromptLookupDrafter", "PromptLookupTreeDrafter", "SequenceHistory", "SuffixDrafter", "DRAFTER_KINDS",
-           "DRAFTER_SYNTAX", "build_drafter", "check_same_tokenizer", "parse_drafter", "shipped_drafter"]
+           "DRAFTER_SYNTAX", "build_drafter", "check_same_tokenizer", "parse_drafter", "shipped_drafter", "target_weights"]
 
 
 def shipped_drafter(target_name: str) -> Path | None:
@@ -45,6 +45,14 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str, dr
             f"{draft_vocab.get(i)!r} vs {target_vocab.get(i)!r}). Use a draft model from the target's family, "
             "or a drafter that needs no model: prompt-lookup or ngram"
         )
+
+
+def target_weights(weights: str, drafter_specs: list[str]) -> str:
+    """--weights for a target drafted for by these drafters: `auto` means float when one of them is
+    self-q4 (it drafts with the GGUF blocks for the target on its float weights)."""
+    if weights == "auto" and any(parse_drafter(spec)[0] == "self-q4" for spec in drafter_specs):
+        return "float"
+    return weights
 
 
 def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend: str = "auto",

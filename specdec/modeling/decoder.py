@@ -85,6 +85,10 @@ class Segment:
         return torch.arange(self.start, self.end) if self.tree is None else self.start + self.tree.depth
 
 
+_NONE = torch.empty(0)  # rowops.cpp's "no norm weight"
+_ALL_VISIBLE = torch.empty(0, dtype=torch.bool)  # rowops.cpp's "no mask: every key in range is visible"
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, arch: Arch, rows=None) -> torch.Tensor:
     """RMSNorm rounded as transformers does: Gemma multiplies by (1 + w) in float32 before casting,
     Llama by w after casting. `rows`: rowops.cpp, for float32 rows in one call."""
@@ -111,9 +115,8 @@ def layer_aten(h: torch.Tensor, w: LayerWeights, arch: Arch, cos: torch.Tensor, 
     qkv = linear(rms_norm(h, w.norms["attn_in"], arch, rows), w.wqkv)  # (B, T, hq + 2 hkv)
     fused = rows is not None and qkv.dtype == torch.float32 and hd % 16 == 0 and qkv.is_contiguous()
     if fused:  # q/k norms and RoPE in place, before the heads are split
-        empty = qkv.new_empty(0)
-        rows.qk_rope_(qkv, cos, sin, arch.n_heads, arch.n_kv, hd, w.norms["q"] if arch.gemma else empty,
-                      w.norms["k"] if arch.gemma else empty, arch.eps)
+        rows.qk_rope_(qkv, cos, sin, arch.n_heads, arch.n_kv, hd, w.norms["q"] if arch.gemma else _NONE,
+                      w.norms["k"] if arch.gemma else _NONE, arch.eps)
     q = qkv[..., :hq].view(b, t, arch.n_heads, hd).transpose(1, 2)  # (B, Hq, T, hd)
     k = qkv[..., hq : hq + hkv].view(b, t, arch.n_kv, hd).transpose(1, 2)  # (B, Hkv, T, hd)
     v = qkv[..., hq + hkv :].view(b, t, arch.n_kv, hd).transpose(1, 2)
@@ -251,7 +254,7 @@ class Decoder:
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if rows is not None and q.shape[-1] % 8 == 0:  # the cache writes and attention in one call
-                visible = mask if mask is not None else q.new_empty(0, dtype=torch.bool)
+                visible = mask if mask is not None else _ALL_VISIBLE
                 return rows.attend(q, k, v, cache.k[index], cache.v[index], start, lo, visible,
                                    self.arch.scale).transpose(1, 2)
             cache.k[index][:, start:end] = k[0]

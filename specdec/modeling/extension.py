@@ -4,8 +4,8 @@ The build (torch.utils.cpp_extension with ninja and the system C++ compiler, 20-
 cached under the specdec cache (SPECDEC_CACHE, default ~/.cache/specdec)/kernels, keyed by the
 source, torch, Python and the CPU's flags, so later processes load it in well under a second. Where
 it cannot be built or `supported()` says the CPU lacks what the source needs, `load()` returns None
-and `reason` says why; callers then run ATen. kernels.py (AVX-512 BF16) and quant.py (GGUF blocks,
-AVX2) are the two users.
+and `reason` says why; callers then run ATen. Its users: kernels.py (AVX-512 BF16), quant.py (GGUF blocks, AVX2) and
+rowops.py (float32 norms, RoPE and attention, AVX2).
 """
 
 from __future__ import annotations
