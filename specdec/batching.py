@@ -107,7 +107,8 @@ class Batch:
             raise SpecdecError(f"the batch is full ({self.max_batch} generations): wait for one to finish")
         slot = self._slot_for(prompt)
         drafter = self.engine.drafter_for(slot.drafter, sampling, spec)
-        slot.sequence.record_hidden = drafter is not None and drafter.reads_features
+        reads = drafter is not None and drafter.reads_features
+        slot.sequence.record_features(reads, drafter.feature_layers if reads else ())
         stats = self.engine.new_stats(prompt, drafter, slot.sequence)
         limits = Limits()
         logprobs = [] if sampling.logprobs is not None else None

@@ -148,7 +148,8 @@ class SpeculativeEngine:
         self.check_sampling(sampling)
         drafter = self.drafter_for(self.drafter, sampling, spec)
         self._check_free()
-        self.target.record_hidden = drafter is not None and drafter.reads_features  # only who reads them pays
+        reads = drafter is not None and drafter.reads_features  # only who reads them pays
+        self.target.record_features(reads, drafter.feature_layers if reads else ())
         stats = self.new_stats(prompt, drafter, self.target)
         logprobs = [] if sampling.logprobs is not None else None
         return Generation(self._owned(prompt, sampling, spec, drafter, stats, logprobs), stats, logprobs)

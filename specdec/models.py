@@ -63,11 +63,13 @@ def _gemma3_gguf() -> Path:
 class BuiltinModel:
     name: str
     locate_gguf: object  # () -> Path
+    hub_id: str
+    """The model's name on the Hugging Face hub (what other servers load, e.g. as an exported drafter's verifier)."""
 
 
 BUILTIN_MODELS = {
-    "smollm2-135m": BuiltinModel("smollm2-135m", _smollm2_gguf),
-    "gemma3-270m": BuiltinModel("gemma3-270m", _gemma3_gguf),
+    "smollm2-135m": BuiltinModel("smollm2-135m", _smollm2_gguf, "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    "gemma3-270m": BuiltinModel("gemma3-270m", _gemma3_gguf, "google/gemma-3-270m-it"),
 }
 assert tuple(BUILTIN_MODELS) == BUILTIN_TARGETS
 

@@ -1,4 +1,4 @@
-"""Trained drafters (draft-lm, eagle, medusa): caches equal recomputation, greedy parity and Monte
+"""Trained drafters (draft-lm, eagle, eagle3, medusa): caches equal recomputation, greedy parity and Monte
 Carlo exactness for each kind (drafting over a vocabulary subset), training lowers the loss and
 writes a loadable drafter, and a drafter refuses a target it was not trained for."""
 
@@ -26,15 +26,16 @@ from specdec.errors import SpecdecError
 from specdec.exactness import exact_continuation_law, goodness_of_fit, sample_continuations
 from specdec.models import load_model
 
-KINDS = ("draft-lm", "eagle", "medusa")
+KINDS = ("draft-lm", "eagle", "eagle3", "medusa")
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 9, 4, 5, 6, 1, 2]
 
 
 def random_net(kind: str, target, vocab: torch.Tensor, seed: int = 0) -> DraftNet:
-    kind = "eagle" if kind == "eagle-tree" else kind
+    kind = kind.removesuffix("-tree")
     torch.manual_seed(seed)
     d = target.config.hidden_size
-    net = DraftNet(DraftConfig(kind, d, head_dim=8, ffn=2 * d, medusa_heads=3), vocab,
+    aux = [0, 1] if kind == "eagle3" else []  # the embeddings and layer 1's input
+    net = DraftNet(DraftConfig(kind, d, head_dim=8, ffn=2 * d, medusa_heads=3, aux_layers=aux), vocab,
                    target.get_input_embeddings().weight, target.get_output_embeddings().weight[vocab]).eval()
     if kind == "medusa":  # break the identity start, so heads differ from the target's own head
         for head in net.medusa:
@@ -49,9 +50,9 @@ def random_drafter(kind: str, target, vocab: torch.Tensor, seed: int = 0):
     width = target.get_output_embeddings().weight.shape[0]
     if kind == "draft-lm":
         return ModelDrafter(DraftLMBackend(net, width), width)
-    if kind == "eagle-tree":
+    if kind.endswith("-tree"):
         return EagleTreeDrafter(net, "test", branch=2, beam=2, max_nodes=7)
-    return (EagleDrafter if kind == "eagle" else MedusaDrafter)(net, "test")
+    return (EagleDrafter if kind in ("eagle", "eagle3") else MedusaDrafter)(net, "test")
 
 
 @pytest.mark.parametrize("kind", ["draft-lm", "eagle"])
@@ -71,7 +72,7 @@ def test_cached_drafting_equals_recomputation(kind):
 
 
 @pytest.mark.parametrize("backend", [LeanBackend, TransformersBackend])
-@pytest.mark.parametrize("kind", KINDS + ("eagle-tree",))
+@pytest.mark.parametrize("kind", KINDS + ("eagle-tree", "eagle3-tree"))
 @pytest.mark.parametrize("architecture", ["llama", "gemma3"])
 def test_greedy_parity_each_kind(kind, backend, architecture):
     target = tiny_llama(40, seed=0) if architecture == "llama" else tiny_gemma3(40, seed=0, sliding_window=8)
@@ -94,6 +95,8 @@ MC_VOCAB, MC_PROMPT = 5, [0, 1, 2, 3, 4, 1]
     ("eagle", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
     ("eagle-tree", SamplingParams(temperature=1.0)),
     ("eagle-tree", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
+    ("eagle3", SamplingParams(temperature=1.0)),
+    ("eagle3-tree", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
 ])
 def test_monte_carlo_law_each_kind(kind, sampling):
     """3-token continuations follow the target's exact law, though the draft never proposes id 2."""
@@ -121,11 +124,16 @@ def trained(tiny_dirs, tmp_path_factory):
         target = load_model(str(tiny_dirs["chat"]), "float32")
         data = build_data(target, DataRecipe(prompts=24, max_new_tokens=16, max_prompt_tokens=24, batch=8, topk=8),
                           log=lambda _: None)
+        # eagle3's data: the same answers, and the hidden states entering layers 0 and 1 (a teacher pass only)
+        with_aux = build_data(target, DataRecipe(prompts=24, max_new_tokens=16, max_prompt_tokens=24, batch=8, topk=8,
+                                                 aux_layers=(0, 1)), log=lambda _: None)
         out = {}
         for kind in KINDS:
-            net = train(target, data, TrainRecipe(kind=kind, layers=1, ffn=64, vocab_size=24, steps=40, batch=8,
-                                                  window=32, lr=3e-3, eval_every=20), log=lambda _: None, progress=False)
+            net = train(target, with_aux if kind == "eagle3" else data,
+                        TrainRecipe(kind=kind, layers=1, ffn=64, vocab_size=24, steps=40, batch=8, window=32, lr=3e-3,
+                                    eval_every=20, aux_layers=(0, 1)), log=lambda _: None, progress=False)
             out[kind] = (net, save_drafter(net, root / kind))
+        out["data-with-aux"] = with_aux
     finally:
         if before is None:
             del os.environ["SPECDEC_CACHE"]
@@ -144,6 +152,20 @@ def test_distillation_data_is_consistent(trained):
     logits = data.features.float() @ target.model.get_output_embeddings().weight.T.float()
     agree = (logits.argmax(-1) == data.topk_ids[:, 0]).float().mean()
     assert agree > 0.97
+
+
+def test_aux_features_are_the_targets_layer_inputs(trained):
+    """Data for eagle3 adds, to the same answers, the hidden states entering the asked layers."""
+    target, data, out = trained
+    with_aux = out["data-with-aux"]
+    assert torch.equal(with_aux.tokens, data.tokens) and torch.equal(with_aux.features, data.features)
+    d = target.model.config.hidden_size
+    assert with_aux.aux.shape == (data.tokens.numel(), 2 * d) and data.aux is None
+    first = data.tokens[: int(data.offsets[1])]
+    with torch.no_grad():
+        states = target.model(first[None], output_hidden_states=True).hidden_states
+    torch.testing.assert_close(with_aux.aux[: first.numel()].float(),
+                               torch.cat([states[0][0], states[1][0]], dim=-1).to(torch.bfloat16).float())
 
 
 def test_answer_loop_equals_generate(trained):
@@ -250,10 +272,12 @@ def test_packed_bf16_drafting_matches_unpacked():
         pytest.skip("this torch build has no oneDNN packed linear")
     target = tiny_llama(40, seed=0)
     x, f = torch.randint(0, 40, (1, 6)), torch.randn(1, 6, 32, dtype=torch.bfloat16)
+    aux = torch.randn(1, 6, 64, dtype=torch.bfloat16)
     for kind in KINDS:
         net = random_net(kind, target, torch.arange(0, 40, 2)).to(torch.bfloat16)
         with torch.no_grad():
             run = {"draft-lm": lambda net=net: net.lm(x), "eagle": lambda net=net: net.logits(net.eagle(f, x)),
+                   "eagle3": lambda net=net: net.draft_logits(net.predict(net.features_in(aux), x)),
                    "medusa": lambda net=net: net.logits(net.medusa_features(f))}[kind]
             before = run()
             net.pack()
@@ -279,6 +303,7 @@ def test_kernel_drafting_matches_aten_drafting():
         pytest.skip(f"kernels.cpp unavailable here: {kernels.unavailable_reason()}")
     target = tiny_llama(40, seed=0)
     x, f = torch.randint(0, 40, (1, 7)), torch.randn(1, 7, 32, dtype=torch.bfloat16)
+    aux = torch.randn(1, 7, 64, dtype=torch.bfloat16)
     for kind in KINDS:
         net = random_net(kind, target, torch.arange(0, 40, 2)).to(torch.bfloat16)
         fast = random_net(kind, target, torch.arange(0, 40, 2)).to(torch.bfloat16)
@@ -292,6 +317,8 @@ def test_kernel_drafting_matches_aten_drafting():
                 return model.lm(x[:, lo:hi], cache, lo)
             if kind == "eagle":
                 return model.logits(model.eagle(f[:, lo:hi], x[:, lo:hi], cache, lo))
+            if kind == "eagle3":
+                return model.draft_logits(model.predict(model.features_in(aux[:, lo:hi]), x[:, lo:hi], cache, lo))
             return model.logits(model.medusa_features(f[0, lo:hi]))
 
         with torch.inference_mode():
@@ -324,7 +351,7 @@ def test_damaged_draft_vocabulary_is_refused(trained, tmp_path, damage, needle):
         load_trained_drafter(directory, target)
 
 
-@pytest.mark.parametrize("kind", KINDS + ("eagle-tree",))
+@pytest.mark.parametrize("kind", KINDS + ("eagle-tree", "eagle3-tree"))
 def test_specdec_verify_passes_each_kind(kind):
     """The conformance check (quick settings) on the lean backend at T = 0.7, top-p 0.9."""
     from specdec.conformance import Settings, run_conformance
@@ -379,6 +406,7 @@ def test_eagle_tree_proposes_trees_and_they_are_accepted():
 def test_trained_tree_kind_loads_eagle_and_refuses_the_others(trained):
     target, _, out = trained
     assert isinstance(load_trained_drafter(out["eagle"][1], target, tree=True), EagleTreeDrafter)
+    assert isinstance(load_trained_drafter(out["eagle3"][1], target, tree=True), EagleTreeDrafter)
     assert isinstance(build_drafter(f"trained-tree:{out['eagle'][1]}", target), EagleTreeDrafter)
     with pytest.raises(SpecdecError, match="needs an eagle"):
         build_drafter(f"trained-tree:{out['medusa'][1]}", target)

@@ -17,7 +17,8 @@ A backend that can (`can_fork`) makes more sequences on the same weights (`fork`
 
 For drafters that read the target's features (EAGLE, Medusa) the engine turns on `record_hidden`:
 the backend then also keeps the last layer's output (after the final norm, the vector the LM head
-reads) of every position it holds, and `hidden(start, end)` returns them.
+reads) of every position it holds, and `hidden(start, end)` returns them; with `hidden_layers`
+(EAGLE-3) it keeps the hidden states entering those layers instead, concatenated.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Backend(ABC):
         self.in_use_by: object | None = None
         """The live generation whose sequence the cache holds (one at a time: see the engine)."""
         self._record_hidden = False
+        self._hidden_layers: tuple[int, ...] = ()
         self._hidden: torch.Tensor | None = None  # (capacity, d) features by position
 
     @property
@@ -76,8 +78,29 @@ class Backend(ABC):
             self.reset()
         self._record_hidden = on
 
+    @property
+    def hidden_layers(self) -> tuple[int, ...]:
+        """What record_hidden keeps: () the final-norm features; else the hidden states entering these
+        layers (0 = the embeddings), concatenated, as EAGLE-3 reads them."""
+        return self._hidden_layers
+
+    @hidden_layers.setter
+    def hidden_layers(self, layers: tuple[int, ...]) -> None:
+        """A change starts a new sequence: positions already cached have none of the new features."""
+        layers = tuple(int(i) for i in layers)
+        if layers != self._hidden_layers:
+            self.reset()
+            self._hidden = None
+        self._hidden_layers = layers
+
+    def record_features(self, on: bool, layers: tuple[int, ...] = ()) -> None:
+        """Record (or stop recording) the features `layers` names (see hidden_layers)."""
+        self.hidden_layers = layers if on else ()
+        self.record_hidden = on
+
     def hidden(self, start: int = 0, end: int | None = None) -> torch.Tensor:
-        """(end - start, d) last-layer features of held positions (needs record_hidden)."""
+        """(end - start, d) last-layer features of held positions, (end - start, k*d) with k
+        hidden_layers (needs record_hidden)."""
         end = self.length if end is None else end
         if not self._record_hidden or self._hidden is None:
             raise RuntimeError("hidden states are not recorded: set record_hidden = True before the sequence starts")
@@ -86,7 +109,8 @@ class Backend(ABC):
         return self._hidden[start:end]
 
     def _store_hidden(self, start: int, features: torch.Tensor) -> None:
-        """Subclasses call this from _forward with the (n, d) final-norm features of positions start.."""
+        """Subclasses call this from _forward with the (n, d) final-norm features of positions start..
+        (the (n, k*d) layer inputs with hidden_layers)."""
         if not self._record_hidden:
             return
         end = start + features.shape[0]

@@ -47,10 +47,17 @@ class TransformersBackend(Backend):
             input_ids=ids.to(self.device)[None], position_ids=positions, past_key_values=self.cache, use_cache=True,
             output_hidden_states=self.record_hidden,
         )
-        if self.record_hidden:  # the last entry is the final norm's output, what the LM head reads
-            self._store_hidden(start, out.hidden_states[-1][0])
+        if self.record_hidden:
+            self._store_hidden(start, self._features(out.hidden_states))
         self._since_crop += n
         return out.logits[0].float()  # (n, V)
+
+    def _features(self, hidden_states: tuple) -> torch.Tensor:
+        """What record_hidden keeps from transformers' hidden states: the last entry is the final
+        norm's output (what the LM head reads); entry i < N is what enters layer i."""
+        if self.hidden_layers:
+            return torch.cat([hidden_states[i][0] for i in self.hidden_layers], dim=-1)
+        return hidden_states[-1][0]
 
     @property
     def supports_trees(self) -> bool:
@@ -67,7 +74,7 @@ class TransformersBackend(Backend):
             output_hidden_states=self.record_hidden,
         )
         if self.record_hidden:
-            self._store_hidden(start, out.hidden_states[-1][0])
+            self._store_hidden(start, self._features(out.hidden_states))
         self._since_crop += n
         return out.logits[0].float()  # (n, V)
 

@@ -35,7 +35,19 @@ import torch
 
 from ..config import BACKENDS
 from ..errors import SpecdecError
-from ..modeling import KERNEL_ROWS, Arch, Decoder, LayerWeights, RopeTable, Segment, kernels, quant, rotary_module_angles, rowops
+from ..modeling import (
+    KERNEL_ROWS,
+    Arch,
+    Decoder,
+    LayerWeights,
+    RopeTable,
+    Segment,
+    Taps,
+    kernels,
+    quant,
+    rotary_module_angles,
+    rowops,
+)
 from ..modeling.packing import can_pack, pack, packed_linear
 from .base import Backend, Step
 from .gguf import GGUFWeights, choose_weights
@@ -175,9 +187,10 @@ class LeanBackend(Backend):
 
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor, start: int, tree=None, logits: bool = True) -> torch.Tensor | None:
-        hidden = self.decoder.run(self._embed(ids), start, self.cache, tree, prompt=not logits)
+        taps = Taps(self.hidden_layers) if self.record_hidden and self.hidden_layers else None
+        hidden = self.decoder.run(self._embed(ids), start, self.cache, tree, prompt=not logits, taps=taps)
         features = self.decoder.norm(hidden, self.final_norm)
-        self._store_hidden(start, features)
+        self._store_hidden(start, features if taps is None else taps.features())
         return self._logits(features) if logits else None
 
     def append(self, ids: torch.Tensor) -> None:
@@ -213,10 +226,16 @@ class LeanBackend(Backend):
         segments = [Segment(sequence.cache, sequence.length, step.rows,
                             None if step.parents is None else TreeLayout.of(step.parents), prompt=not step.wants_logits)
                     for sequence, step in work]
-        h = self.decoder.run_many(self._embed(torch.cat([step.ids for _, step in work])), segments)
-        features = self.decoder.norm(h, self.final_norm).split([s.rows for s in segments])
-        for (sequence, step), segment, part in zip(work, segments, features):
-            sequence._store_hidden(segment.start, part)
+        layers = {sequence.hidden_layers for sequence, _ in work if sequence.record_hidden and sequence.hidden_layers}
+        if len(layers) > 1:
+            raise ValueError(f"the sequences of one pass record different layers' features: {sorted(layers)}")
+        taps = Taps(layers.pop()) if layers else None
+        h = self.decoder.run_many(self._embed(torch.cat([step.ids for _, step in work])), segments, taps=taps)
+        rows = [s.rows for s in segments]
+        features = self.decoder.norm(h, self.final_norm).split(rows)
+        tapped = taps.features().split(rows) if taps is not None else features
+        for (sequence, step), segment, part, layer_inputs in zip(work, segments, features, tapped):
+            sequence._store_hidden(segment.start, layer_inputs if sequence.hidden_layers else part)
             sequence.held.extend(step.ids.tolist())
         wanted = [i for i, (_, step) in enumerate(work) if step.wants_logits]
         out: list[torch.Tensor | None] = [None] * len(work)

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from ..drafters.trained import is_trained_drafter, save_drafter
     from ..models import load_model
     from ..training.data import DataRecipe, DistillData, build_data
-    from ..training.train import SIZES, TrainRecipe, train
+    from ..training.train import SIZES, TrainRecipe, aux_layers_for, train
 
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not (is_trained_drafter(out) and args.overwrite):
@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError("--vocab must be at least 2, --prompts and the --max-new-tokens options at least 1")
     if args.chat_prompts < 0:
         raise SpecdecError("--chat-prompts must be 0 or more")
+    if args.unroll < 1:
+        raise SpecdecError("--unroll must be at least 1 (the draft steps trained on)")
     size = SIZES[args.size] if args.kind == "draft-lm" else dict(layers=1, ffn=1536)
     earlier = None
     if args.init:  # checked before the target loads; its weights are read (and checked against it) below
@@ -52,14 +54,17 @@ def run(args: argparse.Namespace) -> int:
     recipe = TrainRecipe(kind=args.kind, layers=args.layers or size["layers"], ffn=args.ffn or size["ffn"],
                          medusa_heads=args.medusa_heads, vocab_size=args.vocab, steps=args.steps,
                          minutes=args.minutes if args.minutes is not None else 30.0, batch=args.batch, seed=args.seed,
-                         lr=args.lr)
+                         lr=args.lr, unroll=args.unroll, aux_layers=parse_layers(args.aux_layers))
     log = lambda message: print(f"specdec: {message}", file=sys.stderr)  # noqa: E731
     target = load_model(args.target, args.dtype, args.device)
+    if earlier is not None and earlier.kind == "eagle3":
+        recipe.aux_layers = tuple(earlier.aux_layers)
+    aux = aux_layers_for(recipe, target) if args.kind == "eagle3" else ()
     recipes = [DataRecipe(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.data_seed,
-                          batch=args.data_batch)]
+                          batch=args.data_batch, aux_layers=aux)]
     if args.chat_prompts:  # short prompts: twice the rows per batch
         recipes.append(DataRecipe(prompts=args.chat_prompts, max_new_tokens=args.chat_max_new_tokens,
-                                  seed=args.data_seed, batch=args.data_batch * 2, mix="chat"))
+                                  seed=args.data_seed, batch=args.data_batch * 2, mix="chat", aux_layers=aux))
     start = None
     if earlier is not None:
         from ..drafters.trained import read_net
@@ -79,16 +84,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_layers(text: str | None) -> tuple[int, ...] | None:
+    """--aux-layers "2,15,27" -> (2, 15, 27); None when not given."""
+    if not text:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise SpecdecError(f"--aux-layers {text!r}: give layer numbers separated by commas, e.g. 2,15,27") from None
+
+
 def register(sub) -> None:
-    p = sub.add_parser("train-drafter", help="train a drafter (draft-lm, medusa or eagle) for a target")
+    p = sub.add_parser("train-drafter", help="train a drafter (draft-lm, medusa, eagle or eagle3) for a target")
     add_target(p)
-    p.add_argument("--kind", required=True, help="draft-lm, medusa or eagle")
+    p.add_argument("--kind", required=True, help="draft-lm, medusa, eagle or eagle3")
     p.add_argument("--out", required=True, help="directory to write the drafter to")
     p.add_argument("--size", default="s", choices=("s", "m", "l"),
                    help="draft-lm size: s = 1 layer, m = 2 layers, l = 4 layers (MLP width 1536)")
     p.add_argument("--layers", type=int, default=None, help="override the draft-lm's layer count")
     p.add_argument("--ffn", type=int, default=None, help="override the MLP width")
     p.add_argument("--medusa-heads", type=int, default=4, help="Medusa heads (tokens proposed per round)")
+    p.add_argument("--aux-layers", default=None, metavar="I,J,K",
+                   help="eagle3: the target layers whose incoming hidden states it reads (default: 2, N/2, N-3)")
+    p.add_argument("--unroll", type=int, default=3,
+                   help="eagle/eagle3: draft steps unrolled in training (training-time test; default: %(default)s)")
     p.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (default: %(default)s)")
     p.add_argument("--minutes", type=float, default=None, help="training time (default: 30)")
     p.add_argument("--steps", type=int, default=None, help="train for this many steps instead of --minutes")

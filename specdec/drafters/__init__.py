@@ -12,7 +12,7 @@ from .ngram import NGramDrafter, NGramTable
 from .prompt_lookup import AutoPromptLookup, PromptLookupDrafter, PromptLookupTreeDrafter
 from .routed import ByTemperature
 from .suffix import SequenceHistory, SuffixDrafter
-from .trained import is_trained_drafter, load_trained_drafter
+from .trained import is_drafter_directory, is_trained_drafter, load_trained_drafter
 
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "drafters"
 
@@ -119,9 +119,9 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
             raise SpecdecError(f"no trained drafter ships for {target.name!r}: give its directory, {kind}:DIR "
                                "(make one with `specdec train-drafter`)")
         return load_trained_drafter(draft, target, tree=kind == "trained-tree")
-    if is_trained_drafter(kind):
+    if is_drafter_directory(kind):
         return load_trained_drafter(kind, target)
     if Path(kind).exists():
         raise SpecdecError(f"{kind!r} is not a trained drafter's directory (it needs config.json and "
-                           "model.safetensors, as `specdec train-drafter` writes them)")
+                           "model.safetensors, as `specdec train-drafter` writes them, or an EAGLE-3 checkpoint)")
     raise SpecdecError(f"unknown drafter {kind!r}: use {DRAFTER_SYNTAX}")

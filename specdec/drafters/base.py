@@ -65,8 +65,11 @@ class Drafter(ABC):
     cost_prior: float = 0.0
     """A first guess of c (time of one draft token / one target step) before any is measured."""
     reads_features: bool = False
-    """Whether it reads the target's last-layer features (eagle, medusa): the engine then has the
+    """Whether it reads the target's features (eagle, eagle3, medusa): the engine then has the
     target record them for the generations this drafter serves, and only for those."""
+    feature_layers: tuple[int, ...] = ()
+    """Which: () the last layer's (after the final norm); else the hidden states entering these
+    layers, concatenated (eagle3)."""
 
     def bind(self, target) -> None:
         """The engine's target Backend; drafters that read its features (eagle, medusa) keep it."""

@@ -6,12 +6,14 @@ embedding and LM-head rows are taken from the target at load time). Loading chec
 and refuses a drafter made for another target.
 
 - draft-lm drafts like any draft model (ModelDrafter over a Backend with its own KV cache);
-- eagle and medusa read the target's features (`reads_features`): they `bind` to the target
-  backend, and the engine has it record features for the generations they serve. After a round the
+- eagle, eagle3 and medusa read the target's features (`reads_features`; eagle3 the hidden states
+  entering three of its layers, `feature_layers`): they `bind` to the target backend, and the
+  engine has it record features for the generations they serve. After a round the
   target holds positions 0..L-2 of a context of length L (its newest token x_{L-1} is scored next
   round), so features f_0..f_{L-2} are known:
   eagle feeds the pairs (f_j, x_{j+1}) it has not seen, predicts f_{L-1}, reads d1 = x_L through
-  the head, feeds (f̂_{L-1}, d1), and so on; its cache then drops the speculative pairs.
+  the head, feeds (f̂_{L-1}, d1), and so on; its cache then drops the speculative pairs. eagle3
+  drafts the same way with fc(features) for f and its pre-norm outputs for f̂.
   medusa's head k reads f_{L-2} and proposes x_{L-1+k}, k = 1..K, independently.
 """
 
@@ -113,14 +115,25 @@ def check_vocab(vocab: torch.Tensor | None, width: int, where) -> torch.Tensor:
     return vocab
 
 
+def is_drafter_directory(path: str | Path) -> bool:
+    """A drafter this project loads: its own (is_trained_drafter) or an EAGLE-3 checkpoint."""
+    from .eagle3_format import checkpoint_format
+
+    return is_trained_drafter(path) or checkpoint_format(path) is not None
+
+
 def read_net(directory: str | Path, target) -> DraftNet:
     """The drafter's network saved in `directory`, checked to be for `target` (a LoadedModel), as
-    saved: plain modules on the CPU (what training continues from)."""
+    saved: plain modules on the CPU (what training continues from). An EAGLE-3 checkpoint (vLLM's
+    or SGLang's layout) is imported (drafters/eagle3_format)."""
     from safetensors.torch import load_file
 
     from ..models import target_identity
+    from . import eagle3_format
 
     directory = Path(directory)
+    if eagle3_format.checkpoint_format(directory) is not None:
+        return eagle3_format.read(directory, target)
     if not is_trained_drafter(directory):
         raise SpecdecError(f"{directory} holds no trained drafter ({CONFIG_FILE} and {WEIGHTS_FILE}): "
                            "make one with `specdec train-drafter`")
@@ -199,11 +212,14 @@ class DraftLMBackend(Backend):
 
 
 class EagleDrafter(Drafter):
+    """EAGLE and EAGLE-3 drafting a chain (the net's kind decides what it reads and feeds back)."""
+
     cost_prior = 0.05
     reads_features = True
 
     def __init__(self, net: DraftNet, label: str):
-        self.net, self.name = net, f"eagle:{label}"
+        self.net, self.name = net, f"{net.config.kind}:{label}"
+        self.feature_layers = net.feature_layers
         self.cache = net.new_cache()
         self.target: Backend | None = None
 
@@ -226,9 +242,9 @@ class EagleDrafter(Drafter):
         if known == 0 or known + 1 != context.numel():
             return None
         start = min(self.cache.length, known - 1)
-        features = self.target.hidden(start, known)[None]  # (1, m, d)
+        features = self.net.features_in(self.target.hidden(start, known)[None])  # (1, m, d)
         next_tokens = context[start + 1 : known + 1].to(features.device)[None]  # (1, m)
-        return known, features[0, -1], self.net.eagle(features, next_tokens, self.cache, start)[:, -1:]
+        return known, features[0, -1], self.net.predict(features, next_tokens, self.cache, start)[:, -1:]
 
     @torch.inference_mode()
     def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,
@@ -243,14 +259,14 @@ class EagleDrafter(Drafter):
         """Draft from the caught-up state (see _catch_up): a chain of up to gamma tokens."""
         tokens, dists = [], []
         for i in range(gamma):
-            token, q = _draw(self.net.logits(predicted[0]).float(), self.net.vocab, self.target.vocab_size,
+            token, q = _draw(self.net.draft_logits(predicted[0]).float(), self.net.vocab, self.target.vocab_size,
                              sampling, generator, position=context.numel() + i)
             tokens.append(token)
             if q is not None:
                 dists.append(q)
             if i + 1 < gamma:
-                predicted = self.net.eagle(predicted, torch.tensor([[token]], device=last_feature.device), self.cache,
-                                           known + i)
+                predicted = self.net.predict(predicted, torch.tensor([[token]], device=last_feature.device),
+                                             self.cache, known + i)
         self.cache.length = known  # keep only pairs built from the target's true features
         return Proposal(torch.tensor(tokens, dtype=torch.long), torch.stack(dists) if dists else None)
 
@@ -278,7 +294,7 @@ class EagleTreeDrafter(EagleDrafter):
 
     def __init__(self, net: DraftNet, label: str, branch: int = 2, beam: int = 2, max_nodes: int = 6):
         super().__init__(net, label)
-        self.name = f"eagle-tree:{label}"
+        self.name = f"{net.config.kind}-tree:{label}"
         if min(branch, beam, max_nodes) < 1:
             raise ValueError(f"branch, beam and max_nodes must be >= 1, got {branch}, {beam}, {max_nodes}")
         self.branch, self.beam, self.max_nodes = branch, beam, max_nodes
@@ -287,7 +303,7 @@ class EagleTreeDrafter(EagleDrafter):
                   position: int) -> tuple[list[tuple[int, float]], torch.Tensor | None]:
         """A node's children as (target token id, draft probability), and the q they were drawn
         from (rejection sampling only; None for point masses)."""
-        logits = self.net.logits(feature[None]).float()  # (1, |S|)
+        logits = self.net.draft_logits(feature[None]).float()  # (1, |S|)
         vocab, width = self.net.vocab, self.target.vocab_size
         if sampling.greedy:
             top = torch.softmax(logits[0], -1).topk(min(self.branch, logits.shape[-1]))
@@ -342,7 +358,7 @@ class EagleTreeDrafter(EagleDrafter):
             # with its parent's f̂ (the root's for the first level)
             inputs = torch.stack([root_pair[0]] + [predicted[parent] for parent in parents])[None]
             ids = torch.tensor([root_pair[1]] + tokens, device=last_feature.device)[None]
-            out = self.net.eagle(inputs, ids, self.cache, known - 1, TreeLayout.of(torch.tensor(parents)))[0]
+            out = self.net.predict(inputs, ids, self.cache, known - 1, TreeLayout.of(torch.tensor(parents)))[0]
             self.cache.length = known
             for node in range(len(tokens)):
                 predicted[node] = out[1 + node]
@@ -389,15 +405,15 @@ def load_trained_drafter(directory: str | Path, target, tree: bool = False) -> D
     net = load_net(directory, target)
     label = Path(directory).name
     if tree:
-        if net.config.kind != "eagle":
-            raise SpecdecError(f"tree drafting needs an eagle drafter; {directory} holds a {net.config.kind} drafter "
-                               "(use trained:DIR for it)")
+        if net.config.kind not in ("eagle", "eagle3"):
+            raise SpecdecError(f"tree drafting needs an eagle or eagle3 drafter; {directory} holds a {net.config.kind} "
+                               "drafter (use trained:DIR for it)")
         return EagleTreeDrafter(net, label)
     width = target.model.get_output_embeddings().weight.shape[0]
     if net.config.kind == "draft-lm":
         drafter = ModelDrafter(DraftLMBackend(net, width), width, label=label)
         drafter.name = f"draft-lm:{label}"
         return drafter
-    if net.config.kind == "eagle":
+    if net.config.kind in ("eagle", "eagle3"):
         return EagleDrafter(net, label)
     return MedusaDrafter(net, label)

@@ -106,13 +106,16 @@ over a cache the new keys are written into."""
 
 
 def layer_aten(h: torch.Tensor, w: LayerWeights, arch: Arch, cos: torch.Tensor, sin: torch.Tensor,
-               linear: Linear, attend: Attend, rows=None) -> torch.Tensor:
+               linear: Linear, attend: Attend, rows=None, attn_input: torch.Tensor | None = None) -> torch.Tensor:
     """One decoder layer as ATen ops: h (B, T, d) at the positions cos/sin (T, hd) belong to.
-    `rows`: rowops.cpp, which does the float32 norms and the q/k norms + RoPE one call each."""
+    `rows`: rowops.cpp, which does the float32 norms and the q/k norms + RoPE one call each.
+    `attn_input`: what the QKV projection reads instead of norm(h) (EAGLE-3's first layer:
+    [norm(embedding); norm(h)], 2d wide); h stays the residual."""
     b, t, _ = h.shape
     hd = arch.head_dim
     hq, hkv = arch.n_heads * hd, arch.n_kv * hd
-    qkv = linear(rms_norm(h, w.norms["attn_in"], arch, rows), w.wqkv)  # (B, T, hq + 2 hkv)
+    x = rms_norm(h, w.norms["attn_in"], arch, rows) if attn_input is None else attn_input
+    qkv = linear(x, w.wqkv)  # (B, T, hq + 2 hkv)
     fused = rows is not None and qkv.dtype == torch.float32 and hd % 16 == 0 and qkv.is_contiguous()
     if fused:  # q/k norms and RoPE in place, before the heads are split
         rows.qk_rope_(qkv, cos, sin, arch.n_heads, arch.n_kv, hd, w.norms["q"] if arch.gemma else _NONE,
@@ -150,10 +153,12 @@ def causal_attend(arch: Arch) -> Attend:
 
 
 def layer_kernels(kern, h: torch.Tensor, w: LayerWeights, arch: Arch, rope: RopeTable, cache: KVCache, index: int,
-                  start: int) -> torch.Tensor:
-    """One decoder layer on kernels.cpp: h (T, d) bf16 at positions start..; writes the cache."""
+                  start: int, attn_input: torch.Tensor | None = None) -> torch.Tensor:
+    """One decoder layer on kernels.cpp: h (T, d) bf16 at positions start..; writes the cache.
+    attn_input: as layer_aten's."""
     eps, gemma, norms = arch.eps, arch.gemma, w.norms
-    qkv = kern.linear(kern.rms_norm(h, norms["attn_in"], eps), w.wqkv)
+    x = kern.rms_norm(h, norms["attn_in"], eps) if attn_input is None else attn_input.contiguous()
+    qkv = kern.linear(x, w.wqkv)
     cos, sin = rope.full(w.rope)
     attn = kern.attend(qkv, arch.n_heads, arch.n_kv, cos, sin, cache.k[index], cache.v[index], start, w.window or 0,
                        arch.scale, norms.get("q"), norms.get("k"), eps)
@@ -165,6 +170,27 @@ def layer_kernels(kern, h: torch.Tensor, w: LayerWeights, arch: Arch, rope: Rope
     if gemma:
         return h + kern.rms_norm(kern.linear(gated, w.wdown), norms["mlp_out"], eps)
     return kern.linear(gated, w.wdown, h)
+
+
+class Taps:
+    """Which layers' inputs a pass also returns (EAGLE-3 reads the target's residual stream where
+    it enters layers such as 2, N/2 and N-3; layer 0's input is the embeddings): after the pass,
+    `states` holds them in the order of `layers`."""
+
+    def __init__(self, layers: tuple[int, ...]):
+        if len(set(layers)) != len(layers):
+            raise ValueError(f"layers {layers} repeat an index")
+        self.layers = tuple(layers)
+        self.states: list[torch.Tensor] = []
+
+    def see(self, index: int, h: torch.Tensor) -> None:
+        if index in self.layers:
+            self.states.append(h)
+
+    def features(self) -> torch.Tensor:
+        """(..., len(layers) * d): the states, concatenated in the order `layers` names them."""
+        by_layer = dict(zip(sorted(self.layers), self.states))  # they arrive by layer index
+        return torch.cat([by_layer[i] for i in self.layers], dim=-1)
 
 
 class Decoder:
@@ -186,22 +212,28 @@ class Decoder:
         return (self.kernels is not None and h.dtype == torch.bfloat16 and h.numel() <= KERNEL_ROWS * h.shape[-1])
 
     def run(self, h: torch.Tensor, start: int, cache: KVCache, tree: TreeLayout | None = None,
-            prompt: bool = False) -> torch.Tensor:
+            prompt: bool = False, attn_input: torch.Tensor | None = None, taps: Taps | None = None) -> torch.Tensor:
         """h (T, d) at positions start..start+T-1 through every layer; writes their keys and values
         into cache slots start..start+T-1 and sets its length to start + T. With a tree, row i sits
-        at position start + depth and sees the cache before `start` and its own ancestors (ATen)."""
+        at position start + depth and sees the cache before `start` and its own ancestors (ATen).
+        attn_input: what the first layer's QKV projection reads (layer_aten); taps: layer inputs
+        to keep."""
         if tree is None and self.on_kernels(h):
             end = start + h.shape[0]
             cache.ensure(end)
             self.rope.ensure(end)
             h = h.contiguous()
             for i, layer in enumerate(self.layers):
-                h = layer_kernels(self.kernels, h, layer, self.arch, self.rope, cache, i, start)
+                if taps is not None:
+                    taps.see(i, h)
+                h = layer_kernels(self.kernels, h, layer, self.arch, self.rope, cache, i, start,
+                                  attn_input if i == 0 else None)
             cache.length = end
             return h
-        return self.run_many(h, [Segment(cache, start, h.shape[0], tree, prompt)])
+        return self.run_many(h, [Segment(cache, start, h.shape[0], tree, prompt)], attn_input, taps)
 
-    def run_many(self, h: torch.Tensor, segments: list[Segment]) -> torch.Tensor:
+    def run_many(self, h: torch.Tensor, segments: list[Segment], attn_input: torch.Tensor | None = None,
+                 taps: Taps | None = None) -> torch.Tensor:
         """Several sequences in one pass (ATen): h (R, d) holds each segment's rows in turn. The
         linear layers see all R rows at once (one read of the weights for every sequence);
         attention runs per segment over its own cache. Each segment is written into its cache as
@@ -216,13 +248,16 @@ class Decoder:
         masks: dict = {}
         x = h[None]
         for i, layer in enumerate(self.layers):
+            if taps is not None:
+                taps.see(i, x[0])
             if single:
                 cos, sin = self.rope.span(layer.rope, segments[0].start, segments[0].end)
             else:
                 cos, sin = (table[positions.to(table.device)] for table in self.rope.full(layer.rope))
             attends = [self._cached_attend(s, i, layer.window, masks, j) for j, s in enumerate(segments)]
             x = layer_aten(x, layer, self.arch, cos, sin, self.linear, attends[0] if len(attends) == 1
-                           else _split_attend(attends, [s.rows for s in segments]), self.rows)
+                           else _split_attend(attends, [s.rows for s in segments]), self.rows,
+                           attn_input[None] if i == 0 and attn_input is not None else None)
         for s in segments:
             s.cache.length = s.end
         return x[0]

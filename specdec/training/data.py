@@ -8,6 +8,8 @@ answers them in batches, half greedily and half at temperature 1 (the two ways d
 One teacher-forced pass over each prompt + answer then records, per position t:
 
 - `features` f_t: the target's final-norm hidden state (eagle and medusa learn from it);
+- `aux` (recipes with `aux_layers`, for eagle3): the hidden states entering those layers (the
+  residual stream; 0 = the embeddings), concatenated;
 - `topk_ids`, `topk_probs`: the target's K most likely next tokens and their probabilities at
   temperature 1 (every kind's distillation target: KL to the target's distribution).
 
@@ -21,7 +23,7 @@ import hashlib
 import json
 import random
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -43,11 +45,17 @@ class DataRecipe:
     batch: int = 32
     seed: int = 0
     mix: str = "tasks"
+    aux_layers: tuple = ()
+    """Also record the hidden states entering these layers (eagle3's features), e.g. (2, 15, 27)."""
 
     def key(self, identity: dict, dtype: torch.dtype) -> str:
         recipe = asdict(self)
         if recipe["mix"] == "tasks":  # the recipe before `mix` existed: its cached data keeps its name
             del recipe["mix"]
+        if not recipe["aux_layers"]:  # nor does data without aux features
+            del recipe["aux_layers"]
+        else:
+            recipe["aux_layers"] = list(recipe["aux_layers"])
         text = json.dumps({"target": identity, "dtype": str(dtype), "recipe": recipe}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -102,15 +110,19 @@ class DistillData:
     topk_ids: torch.Tensor  # (N, K) int64
     topk_probs: torch.Tensor  # (N, K) float32
     token_counts: torch.Tensor  # (V,) how often each id occurs in the answers
+    aux: torch.Tensor | None = None  # (N, k*d) bfloat16: the hidden states entering the recipe's aux_layers
 
     def save(self, path: Path) -> None:
         from safetensors.torch import save_file
 
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        save_file({"tokens": self.tokens.int(), "offsets": self.offsets.long(), "prompt_lengths": self.prompt_lengths.int(),
+        tensors = {"tokens": self.tokens.int(), "offsets": self.offsets.long(), "prompt_lengths": self.prompt_lengths.int(),
                    "features": self.features, "topk_ids": self.topk_ids.int(), "topk_probs": self.topk_probs.half(),
-                   "token_counts": self.token_counts.long()}, str(tmp))
+                   "token_counts": self.token_counts.long()}
+        if self.aux is not None:
+            tensors["aux"] = self.aux
+        save_file(tensors, str(tmp))
         tmp.replace(path)
 
     @staticmethod
@@ -119,7 +131,7 @@ class DistillData:
 
         t = load_file(str(path))
         return DistillData(t["tokens"].long(), t["offsets"], t["prompt_lengths"].long(), t["features"],
-                           t["topk_ids"].long(), t["topk_probs"].float(), t["token_counts"])
+                           t["topk_ids"].long(), t["topk_probs"].float(), t["token_counts"], t.get("aux"))
 
     @staticmethod
     def concat(parts: list[DistillData]) -> DistillData:
@@ -128,9 +140,14 @@ class DistillData:
             return parts[0]
         starts = torch.tensor([0] + [int(p.offsets[-1]) for p in parts[:-1]]).cumsum(0)
         offsets = torch.cat([parts[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(parts, starts)])
+        aux = torch.cat([p.aux for p in parts]) if all(p.aux is not None for p in parts) else None
         return DistillData(torch.cat([p.tokens for p in parts]), offsets, torch.cat([p.prompt_lengths for p in parts]),
                            torch.cat([p.features for p in parts]), torch.cat([p.topk_ids for p in parts]),
-                           torch.cat([p.topk_probs for p in parts]), sum(p.token_counts for p in parts))
+                           torch.cat([p.topk_probs for p in parts]), sum(p.token_counts for p in parts), aux)
+
+    def sequence_list(self) -> list[list[int]]:
+        """Each sequence's token ids (prompt and answer)."""
+        return [self.tokens[int(a) : int(b)].tolist() for a, b in zip(self.offsets[:-1], self.offsets[1:])]
 
     @property
     def sequences(self) -> int:
@@ -184,9 +201,10 @@ def _answers(model, tokenizer, prompts: list[list[int]], temperature: float, rec
     return answers
 
 
-def _teacher(model, sequences: list[list[int]], topk: int, batch: int, progress):
-    """One teacher-forced pass: final-norm features and top-k next-token probabilities per position."""
-    features, ids_out, probs_out = [], [], []
+def _teacher(model, sequences: list[list[int]], topk: int, batch: int, progress, aux_layers: tuple = ()):
+    """One teacher-forced pass: final-norm features, top-k next-token probabilities and (with
+    aux_layers) the hidden states entering those layers, per position."""
+    features, ids_out, probs_out, aux_out = [], [], [], []
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     results: dict[int, tuple] = {}
     for lo in range(0, len(order), batch):
@@ -201,14 +219,18 @@ def _teacher(model, sequences: list[list[int]], topk: int, batch: int, progress)
             top_probs = (top.values - logits.logsumexp(dim=-1, keepdim=True)).exp()
         for row, i in enumerate(index):
             n = len(sequences[i])
-            results[i] = (out.hidden_states[-1][row, :n].to(torch.bfloat16), top.indices[row, :n], top_probs[row, :n])
+            aux = (torch.cat([out.hidden_states[layer][row, :n] for layer in aux_layers], dim=-1).to(torch.bfloat16)
+                   if aux_layers else None)
+            results[i] = (out.hidden_states[-1][row, :n].to(torch.bfloat16), top.indices[row, :n], top_probs[row, :n], aux)
         progress(len(index))
     for i in range(len(sequences)):
-        f, k, p = results[i]
+        f, k, p, a = results[i]
         features.append(f)
         ids_out.append(k)
         probs_out.append(p)
-    return torch.cat(features), torch.cat(ids_out), torch.cat(probs_out)
+        aux_out.append(a)
+    return (torch.cat(features), torch.cat(ids_out), torch.cat(probs_out),
+            torch.cat(aux_out) if aux_layers else None)
 
 
 def sequence_order(prompts: int, temperatures: int) -> list[tuple[int, int]]:
@@ -222,11 +244,21 @@ def build_data(target, recipe: DataRecipe, log=print) -> DistillData:
     from tqdm import tqdm
 
     identity = target_identity(target)
-    path = cache_dir() / "distill" / f"{identity['name'].replace('/', '_')}-{recipe.key(identity, target.dtype)}.safetensors"
+    folder, stem = cache_dir() / "distill", identity["name"].replace("/", "_")
+    path = folder / f"{stem}-{recipe.key(identity, target.dtype)}.safetensors"
     if path.is_file():
         log(f"distillation data: {path} (cached)")
         return DistillData.load(path)
     model, tokenizer, eos = target.model, target.tokenizer, target.eos_token_ids
+    plain = folder / f"{stem}-{replace(recipe, aux_layers=()).key(identity, target.dtype)}.safetensors"
+    if recipe.aux_layers and plain.is_file():  # the same answers without aux features: one teacher pass adds them
+        data = DistillData.load(plain)
+        with tqdm(total=data.sequences, desc="teacher pass (aux features)", unit="seq", file=sys.stderr) as bar:
+            *_, data.aux = _teacher(model, data.sequence_list(), recipe.topk, max(1, recipe.batch // 4), bar.update,
+                                    recipe.aux_layers)
+        data.save(path)
+        log(f"distillation data: {plain} + aux features of layers {list(recipe.aux_layers)} -> {path}")
+        return data
     pairs = recipe.prompts_text()
     prompts = [target.encode(text)[-recipe.max_prompt_tokens :] for _, text in pairs]
     torch.manual_seed(recipe.seed)
@@ -239,7 +271,8 @@ def build_data(target, recipe: DataRecipe, log=print) -> DistillData:
     ordered = [prompts[i] for i, _ in order]
     sequences = [p + a for p, a in zip(ordered, answers)]
     with tqdm(total=len(sequences), desc="teacher pass", unit="seq", file=sys.stderr) as bar:
-        features, topk_ids, topk_probs = _teacher(model, sequences, recipe.topk, max(1, recipe.batch // 4), bar.update)
+        features, topk_ids, topk_probs, aux = _teacher(model, sequences, recipe.topk, max(1, recipe.batch // 4),
+                                                       bar.update, recipe.aux_layers)
     width = model.get_output_embeddings().weight.shape[0]
     counts = torch.zeros(width, dtype=torch.long)
     for a in answers:
@@ -248,7 +281,7 @@ def build_data(target, recipe: DataRecipe, log=print) -> DistillData:
     data = DistillData(tokens=torch.tensor([t for s in sequences for t in s]),
                        offsets=torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
                        prompt_lengths=torch.tensor([len(p) for p in ordered]), features=features,
-                       topk_ids=topk_ids, topk_probs=topk_probs, token_counts=counts)
+                       topk_ids=topk_ids, topk_probs=topk_probs, token_counts=counts, aux=aux)
     data.save(path)
     log(f"distillation data: {data.sequences} sequences, {data.tokens.numel()} positions "
         f"({sum(map(len, answers))} answer tokens) -> {path}")

@@ -10,6 +10,9 @@ ids outside S cannot be drafted and drop out):
   cross-entropy of the logits read from the predicted feature; `unroll` steps in all, each after the
   first fed the previous step's predictions (the way it drafts), so errors it feeds itself are
   trained on too.
+- eagle3: EAGLE-3's training-time test: `unroll` steps, step s fed its own step s-1 outputs and
+  attending exactly as drafting does (DraftNet.eagle3_unrolled); soft cross-entropy only, step s
+  weighted 0.8^s. It reads the data's aux features (the hidden states entering `aux_layers`).
 
 Positions inside the prompt count `prompt_weight` as much as the answer's: drafting happens in
 answers, while prompts (man pages, code) are most of the positions.
@@ -29,8 +32,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
+from ..drafters.eagle3_format import default_aux_layers
 from ..drafters.nets import DraftConfig, DraftNet, head_dim_for
 from ..drafters.trained import build_net
+from ..errors import SpecdecError
 from ..models import target_identity
 from .data import DistillData
 
@@ -55,6 +60,8 @@ class TrainRecipe:
     seed: int = 0
     unroll: int = 3
     prompt_weight: float = 0.3
+    aux_layers: tuple | None = None
+    """eagle3: the target layers it reads (None: 2, N/2, N-3)."""
 
 
 def draft_vocabulary(data: DistillData, size: int, always: set[int]) -> torch.Tensor:
@@ -108,9 +115,12 @@ class Windows:
         index = torch.stack(positions)  # (B, W)
         valid = torch.stack(valid)
         answer = self.answer[index] & valid
-        return {"tokens": data.tokens[index], "features": data.features[index].float(), "topk_ids": data.topk_ids[index],
-                "topk_probs": data.topk_probs[index], "valid": valid, "answer": answer,
-                "weight": torch.where(answer, 1.0, self.prompt_weight) * valid}
+        out = {"tokens": data.tokens[index], "features": data.features[index].float(), "topk_ids": data.topk_ids[index],
+               "topk_probs": data.topk_probs[index], "valid": valid, "answer": answer,
+               "weight": torch.where(answer, 1.0, self.prompt_weight) * valid}
+        if data.aux is not None:
+            out["aux"] = data.aux[index].float()
+        return out
 
 
 def soft_cross_entropy(logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor,
@@ -148,6 +158,9 @@ class Objective:
         net = self.net
         if self.kind == "draft-lm":
             return [(net.lm(b["tokens"]), slice(0, None), None)]
+        if self.kind == "eagle3":  # step s, row t drafts x_{t+s+2}: the target's distribution at t+s+1
+            return [(logits, slice(s + 1, None), None) for s, logits in enumerate(net.eagle3_unrolled(
+                b["aux"], b["tokens"], self.unroll))]
         if self.kind == "medusa":
             heads = net.medusa_features(b["features"])  # (K, B, W, d)
             return [(net.logits(heads[k][:, : -(k + 1)]), slice(k + 1, None), None)
@@ -163,7 +176,7 @@ class Objective:
         for i, (logits, at, predicted) in enumerate(self._outputs(b)):
             valid = b["weight"][:, at]
             ce = soft_cross_entropy(logits, b["topk_ids"][:, at], b["topk_probs"][:, at], self.to_draft, valid)
-            if self.kind == "medusa":
+            if self.kind in ("medusa", "eagle3"):
                 total = total + 0.8**i * ce
             elif predicted is not None:
                 reg = F.smooth_l1_loss(predicted / self.feature_rms, b["features"][:, at] / self.feature_rms,
@@ -209,14 +222,28 @@ def init_from_target(net: DraftNet, model) -> bool:
     return True
 
 
+def aux_layers_for(recipe: TrainRecipe, target) -> tuple[int, ...]:
+    """The target layers an eagle3 drafter reads: the recipe's, or 2, N/2, N-3."""
+    layers = target.model.config.get_text_config().num_hidden_layers
+    chosen = tuple(recipe.aux_layers) if recipe.aux_layers else tuple(default_aux_layers(layers))
+    if not chosen or any(not 0 <= i < layers for i in chosen) or len(set(chosen)) != len(chosen):
+        raise SpecdecError(f"--aux-layers {','.join(map(str, chosen))}: give distinct layers in 0..{layers - 1} "
+                           f"(the target has {layers}; 0 is the embeddings)")
+    return chosen
+
+
 def make_config(recipe: TrainRecipe, target) -> DraftConfig:
     text = target.model.config.get_text_config()
     d = text.hidden_size
     gemma = text.model_type.startswith("gemma")
+    eagle3 = recipe.kind == "eagle3"
     return DraftConfig(kind=recipe.kind, d_model=d, layers=recipe.layers, ffn=recipe.ffn,
                        medusa_heads=recipe.medusa_heads, head_dim=head_dim_for(d),
                        rope_theta=float(getattr(text, "rope_theta", None) or 10000.0),
-                       embed_scale=d**0.5 if gemma else 1.0, softcap=getattr(text, "final_logit_softcapping", None),
+                       embed_scale=d**0.5 if gemma and not eagle3 else 1.0,
+                       softcap=None if eagle3 else getattr(text, "final_logit_softcapping", None),
+                       aux_layers=list(aux_layers_for(recipe, target)) if eagle3 else [],
+                       max_positions=int(getattr(text, "max_position_embeddings", None) or 8192),
                        target=target_identity(target))
 
 
@@ -241,6 +268,12 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
         net = build_net(make_config(recipe, target), draft_vocabulary(data, recipe.vocab_size, target.eos_token_ids),
                         model).float()
     vocab = net.vocab
+    if net.config.kind == "eagle3" and data.aux is None:
+        raise SpecdecError("eagle3 trains on the target's hidden states at its aux layers, and this data has none: "
+                           "build it with DataRecipe(aux_layers=...) (train-drafter does for --kind eagle3)")
+    if net.config.kind == "eagle3" and data.aux.shape[1] != net.fc.in_features:
+        raise SpecdecError(f"the data's aux features are {data.aux.shape[1]} wide, the drafter reads "
+                           f"{net.fc.in_features}: build the data with its aux layers {net.config.aux_layers}")
     initialised = start is None and init_from_target(net, model)
     trainable = [p for p in net.parameters() if p.requires_grad]
     size = sum(p.numel() for p in trainable)
