@@ -3,7 +3,7 @@
     specdec export-drafter drafters/smollm2-eagle3 --format eagle3 --out smollm2-eagle3-vllm
     vllm serve HuggingFaceTB/SmolLM2-135M-Instruct \\
         --speculative-config '{"method": "eagle3", "model": "smollm2-eagle3-vllm", "num_speculative_tokens": 3}'
-    python -m sglang.launch_server --model HuggingFaceTB/SmolLM2-135M-Instruct \\
+    python -m sglang.launch_server --model-path HuggingFaceTB/SmolLM2-135M-Instruct \\
         --speculative-algorithm EAGLE3 --speculative-draft-model-path smollm2-eagle3-vllm
 
 The layouts and the keys each server reads: specdec/drafters/eagle3_format.py.
@@ -46,6 +46,7 @@ def register(sub) -> None:
                         "(default: %(default)s)")
     p.add_argument("--out", required=True, help="directory to write the checkpoint to")
     p.add_argument("--verifier", default=None,
-                   help="the target's name for the server (default: the built-in target's hub id)")
+                   help="the target as the server names it (default: a built-in target's hub id, "
+                        "else the name it was trained for)")
     p.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
     p.set_defaults(handler=run)
