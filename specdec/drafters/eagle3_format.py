@@ -176,7 +176,7 @@ def read_saved(directory: str | Path) -> DraftNet:
     from safetensors.torch import load_file
 
     from .trained import WEIGHTS_FILE as SAVED
-    from .trained import check_vocab, read_config
+    from .trained import check_vocab, load_state, read_config
 
     config = read_config(directory)
     if config.kind != "eagle3":
@@ -185,11 +185,7 @@ def read_saved(directory: str | Path) -> DraftNet:
     state = load_file(str(Path(directory) / SAVED))
     vocab = check_vocab(state.get("vocab"), int(config.target.get("vocab_width", 0)), Path(directory) / SAVED)
     net = DraftNet(config, vocab, torch.zeros(0, config.d_model), state["head"].float())
-    missing, unexpected = net.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise SpecdecError(f"{Path(directory) / SAVED} does not match its config: missing {missing}, "
-                           f"unexpected {unexpected}")
-    return net.float()
+    return load_state(net, state, Path(directory) / SAVED).float()
 
 
 # -- import -----------------------------------------------------------------------------------

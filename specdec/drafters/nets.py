@@ -256,7 +256,7 @@ class DraftNet(nn.Module):
                        ) -> tuple[torch.Tensor, torch.Tensor]:
         """(the residual, what attention reads) for hidden g and the tokens that follow."""
         block = self.blocks[0]
-        e = decoder.norm(self.embed[next_tokens], block.attn_norm.weight)  # no embedding scale: norm() undoes it
+        e = decoder.norm(self.embed_tokens(next_tokens), block.attn_norm.weight)
         g = decoder.norm(hidden, block.hidden_norm.weight)
         return (g if self.config.norm_before_residual else hidden), torch.cat([e, g], dim=-1)
 

@@ -142,10 +142,14 @@ def read_net(directory: str | Path, target) -> DraftNet:
     state = load_file(str(directory / WEIGHTS_FILE))
     vocab = check_vocab(state.get("vocab"), target.model.get_output_embeddings().weight.shape[0],
                         directory / WEIGHTS_FILE)
-    net = build_net(config, vocab, target.model)
+    return load_state(build_net(config, vocab, target.model), state, directory / WEIGHTS_FILE)
+
+
+def load_state(net: DraftNet, state: dict[str, torch.Tensor], where) -> DraftNet:
+    """`net` with the saved `state` loaded, refused unless it has exactly the net's tensors."""
     missing, unexpected = net.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise SpecdecError(f"{directory / WEIGHTS_FILE} does not match its config: missing {missing}, unexpected {unexpected}")
+        raise SpecdecError(f"{where} does not match its config: missing {missing}, unexpected {unexpected}")
     return net
 
 
@@ -219,9 +223,12 @@ class EagleDrafter(Drafter):
 
     def __init__(self, net: DraftNet, label: str):
         self.net, self.name = net, f"{net.config.kind}:{label}"
-        self.feature_layers = net.feature_layers
         self.cache = net.new_cache()
         self.target: Backend | None = None
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.net.feature_layers
 
     def bind(self, target: Backend) -> None:
         self.target = target

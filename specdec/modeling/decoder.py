@@ -175,22 +175,21 @@ def layer_kernels(kern, h: torch.Tensor, w: LayerWeights, arch: Arch, rope: Rope
 class Taps:
     """Which layers' inputs a pass also returns (EAGLE-3 reads the target's residual stream where
     it enters layers such as 2, N/2 and N-3; layer 0's input is the embeddings): after the pass,
-    `states` holds them in the order of `layers`."""
+    `states` holds them by layer index."""
 
     def __init__(self, layers: tuple[int, ...]):
         if len(set(layers)) != len(layers):
             raise ValueError(f"layers {layers} repeat an index")
         self.layers = tuple(layers)
-        self.states: list[torch.Tensor] = []
+        self.states: dict[int, torch.Tensor] = {}
 
     def see(self, index: int, h: torch.Tensor) -> None:
         if index in self.layers:
-            self.states.append(h)
+            self.states[index] = h
 
     def features(self) -> torch.Tensor:
         """(..., len(layers) * d): the states, concatenated in the order `layers` names them."""
-        by_layer = dict(zip(sorted(self.layers), self.states))  # they arrive by layer index
-        return torch.cat([by_layer[i] for i in self.layers], dim=-1)
+        return torch.cat([self.states[i] for i in self.layers], dim=-1)
 
 
 class Decoder:

@@ -240,7 +240,7 @@ def make_config(recipe: TrainRecipe, target) -> DraftConfig:
     return DraftConfig(kind=recipe.kind, d_model=d, layers=recipe.layers, ffn=recipe.ffn,
                        medusa_heads=recipe.medusa_heads, head_dim=head_dim_for(d),
                        rope_theta=float(getattr(text, "rope_theta", None) or 10000.0),
-                       embed_scale=d**0.5 if gemma and not eagle3 else 1.0,
+                       embed_scale=d**0.5 if gemma and not eagle3 else 1.0,  # eagle3 normalises it (as vLLM)
                        softcap=None if eagle3 else getattr(text, "final_logit_softcapping", None),
                        aux_layers=list(aux_layers_for(recipe, target)) if eagle3 else [],
                        max_positions=int(getattr(text, "max_position_embeddings", None) or 8192),
