@@ -325,8 +325,11 @@ class SpeculativeEngine:
                 proposal = drafter.propose(context[:length], gamma, sampling, generator) if gamma else Proposal.empty()
                 if proposal.is_tree and not target.supports_trees:
                     proposal = proposal.first_chain()
+                trimmed = proposal.is_tree and proposal.scores is not None and spec.gamma == "auto"
+                if trimmed:  # the nodes worth their rows at the measured cost of positions
+                    proposal = proposal.top(policy.tree_nodes(proposal.scores.tolist(), time.perf_counter() - t0))
                 if cap is not None:
-                    proposal = proposal.head(cap)  # a tree's nodes count against the batch's rows too
+                    proposal = proposal.top(cap)  # a tree's nodes count against the batch's rows too
                 t1 = time.perf_counter()
                 verify_round = self._tree_round if proposal.is_tree else self._chain_round
                 outcome = yield from verify_round(target, proposal, context, length, sampling, generator, output_counts)
@@ -339,6 +342,8 @@ class SpeculativeEngine:
                 stats.draft_seconds += t1 - t0
                 stats.target_seconds += scoring
                 policy.observe(proposal.tokens.numel(), n, t1 - t0, scoring)
+                if trimmed:
+                    policy.observe_tree(float(proposal.scores.sum()), n)
 
                 new, stop = self.emitted(outcome.accepted, verdict.token, spec)
                 stats.record_round(proposal.tokens.numel(), n, verdict.beta, emitted=len(new),

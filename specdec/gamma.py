@@ -12,6 +12,15 @@ not pay; then one-token probes keep the estimates alive, after 8 plain rounds, t
 
 Example: alpha ~ 0.8, c ~ 0 and flat verification cost give gamma = gamma_max; alpha ~ 0.2 with
 c ~ 0.3 gives 0.
+
+A token tree whose drafter scores its nodes (Proposal.scores) is then trimmed to the size that
+pays (`tree_nodes`): of its nodes taken likeliest first, the n that maximise expected tokens a round,
+1 + r (s_1 + ... + s_n), over the round's time, draft + the measured cost of scoring n + 1 positions.
+A node's expected contribution to the accepted length is its chance to be accepted; the drafter's
+score estimates it, and r, the ratio of tokens accepted to tokens the kept nodes' scores promised in
+recent tree rounds, corrects the drafter's over- or under-confidence. Where positions cost what one
+does (flat), the whole tree is kept; where they cost more, only nodes likely enough to pay for their
+row (Sequoia and EAGLE-2 fit the tree to the hardware the same way).
 """
 
 from __future__ import annotations
@@ -39,6 +48,8 @@ class GammaPolicy:
         self.probe_every = self.PROBE_EVERY
         self.one_position = [0, 0.0]  # rounds that scored one position, their total target seconds
         self.multi_sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # n, Σx, Σy, Σxx, Σxy of target seconds vs positions (>= 2)
+        self.tree_accepted = 1.0  # tokens accepted in scored tree rounds, and what their scores promised
+        self.tree_promised = 1.0
 
     def next(self, limit: int) -> int:
         """Gamma for the coming round, at most `limit`."""
@@ -75,6 +86,26 @@ class GammaPolicy:
         else:
             seconds = sy / n
         return max(1.0, seconds / (total / rounds))
+
+    def tree_nodes(self, scores: list[float], draft_seconds: float) -> int:
+        """How many of a scored tree's nodes to score (Proposal.top), from its scores, the time
+        its drafting took and the measured cost of positions (module docstring); at least one."""
+        rounds, total = self.one_position
+        step = total / rounds if rounds and total > 0 else None
+        draft = draft_seconds / step if step else self.c * len(scores)
+        ratio = self.tree_accepted / self.tree_promised
+        best, best_rate, expected = 1, 0.0, 1.0
+        for n, score in enumerate(sorted(scores, reverse=True), start=1):
+            expected += ratio * score
+            rate = expected / (draft + self.verify_cost(n))
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return best
+
+    def observe_tree(self, promised: float, accepted: int) -> None:
+        """A scored tree round: its kept nodes' scores summed to `promised`; `accepted` were."""
+        self.tree_accepted = self.DECAY * self.tree_accepted + accepted
+        self.tree_promised = self.DECAY * self.tree_promised + promised
 
     def observe(self, drafted: int, accepted: int, draft_seconds: float, target_seconds: float) -> None:
         positions = drafted + 1

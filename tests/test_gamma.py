@@ -75,3 +75,21 @@ def test_probes_back_off_while_speculation_keeps_losing():
     chosen = _run(policy, 300, alpha=0.2, step=1.0, per_position=0.5)
     probes = sum(1 for g in chosen[40:] if g > 0)
     assert 1 <= probes <= 6, chosen
+
+
+def test_tree_size_follows_the_cost_of_positions():
+    """A scored tree is trimmed to what pays: all of it where positions cost what one does, only
+    its likeliest nodes where each costs a quarter step, fewer still once rounds show the drafter
+    promising more than it delivers."""
+    scores = [0.9, 0.8, 0.5, 0.3, 0.2, 0.1, 0.05, 0.05]
+    flat = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.0)
+    assert flat.tree_nodes(scores, draft_seconds=0.0) == len(scores)  # nothing measured: flat, as the paper
+    steep = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.0)
+    steep.observe(0, 0, 0.0, 1.0)  # one position: 1 s; n positions: 0.75 + 0.25 n
+    for positions in (3, 5, 9):
+        steep.observe(positions - 1, 0, 0.0, 0.75 + 0.25 * positions)
+    # (1 + Σs) / (1 + 0.25 n) peaks at 3 nodes: 3.2 / 1.75 against 2.7 / 1.5 and 3.5 / 2.0
+    assert steep.tree_nodes(scores, draft_seconds=0.0) == 3
+    for _ in range(30):  # the drafter promised 2 tokens a round and delivered none
+        steep.observe_tree(promised=2.0, accepted=0)
+    assert steep.tree_nodes(scores, draft_seconds=0.0) < 3

@@ -109,6 +109,57 @@ def test_a_depth_two_tree_emits_the_target_law_exactly(kind_top, kind_below):
     assert torch.allclose(law, P1[:, None] * P2, atol=1e-9), (law - P1[:, None] * P2).abs().max()
 
 
+def trimmed_laws(individually: bool):
+    """A depth-2 tree of sampled children (two root draws from Q1, one draw from Q2 under each),
+    scored by cumulative q and trimmed to 3 nodes: by Proposal.top (the root family, then the family
+    of the likelier root child), or, the negative control, by keeping the likelier grandchild by its
+    own score (its value decides whether it stays)."""
+    from specdec.drafters import Proposal
+
+    parents = torch.tensor([-1, -1, 0, 1])
+    for top in itertools.product(range(V), repeat=2):
+        for below in itertools.product(range(V), repeat=2):
+            tokens = torch.tensor(list(top) + list(below))
+            q = torch.stack([Q1, Q1, Q2[top[0]], Q2[top[1]]])
+            weight = float(Q1[top[0]] * Q1[top[1]] * Q2[top[0], below[0]] * Q2[top[1], below[1]])
+            scores = torch.tensor([Q1[top[0]], Q1[top[1]], Q1[top[0]] * Q2[top[0], below[0]],
+                                   Q1[top[1]] * Q2[top[1], below[1]]])
+            if individually:
+                keep = [0, 1, 2 if (scores[2], -2) >= (scores[3], -3) else 3]
+                trimmed = Proposal(tokens[keep], q[keep], torch.tensor([-1, -1, keep[2] - 2]))
+            else:
+                trimmed = Proposal(tokens, q, parents, scores).top(3)
+            assert trimmed.tokens.numel() == 3 and trimmed.is_tree
+            rows = [P1[None]] + [P2[int(t)][None] if i < 2 else dist(99)[None] for i, t in enumerate(trimmed.tokens)]
+            yield weight, round_law(torch.cat(rows), trimmed.q, trimmed.tokens, trimmed.parents)
+
+
+def test_trimming_a_tree_by_families_keeps_the_law():
+    """Trimming a scored tree of sampled children to what pays (gamma.py, Proposal.top) keeps the
+    target's law exactly; choosing the sampled children one by one by their own score breaks it."""
+    expected = P1[:, None] * P2
+    law = two_token_law(list(trimmed_laws(individually=False)), P1, P2)
+    assert torch.allclose(law, expected, atol=1e-9), (law - expected).abs().max()
+    biased = two_token_law(list(trimmed_laws(individually=True)), P1, P2)
+    assert (biased - expected).abs().max() > 1e-3
+
+
+def test_top_keeps_the_likeliest_nodes_with_their_parents():
+    from specdec.drafters import Proposal
+
+    tokens, parents = torch.tensor([10, 11, 12, 13, 14]), torch.tensor([-1, -1, 0, 0, 1])
+    scores = torch.tensor([0.6, 0.3, 0.35, 0.2, 0.25])
+    point = Proposal(tokens, None, parents, scores)
+    assert point.top(3).tokens.tolist() == [10, 11, 12] and point.top(3).parents.tolist() == [-1, -1, 0]
+    assert point.top(2).tokens.tolist() == [10, 12] and not point.top(2).is_tree  # one path: a chain
+    assert point.top(9) is point and point.top(4).scores.tolist() == pytest.approx([0.6, 0.3, 0.35, 0.25])
+    sampled = Proposal(tokens, torch.full((5, 16), 1 / 16), parents, scores)
+    assert sampled.top(4).tokens.tolist() == [10, 11, 12, 13]  # families whole: node 0's two children
+    assert sampled.top(3).tokens.tolist() == [10, 11, 14]  # node 0's family does not fit; node 1's does
+    unscored = Proposal(tokens, None, parents)
+    assert unscored.top(3).tokens.tolist() == [10, 11, 12]  # no scores: the first nodes, as head
+
+
 def _no_residual(p, q):
     return p
 
@@ -304,6 +355,9 @@ def test_tree_drafters_keep_greedy_output(architecture, backend_class):
         run = SpeculativeEngine(backend, drafter).generate(prompt, greedy, spec).run()
         assert run.tokens == expected.tokens, drafter.name
         assert run.stats.drafted > 0 and (run.stats.tree_rounds > 0) == backend.supports_trees, drafter.name
+    # gamma = auto trims prompt lookup's scored trees to the measured cost of positions
+    auto = SpeculativeEngine(backend_type(model), PromptLookupTreeDrafter(max_ngram=2))
+    assert auto.generate(prompt, greedy, SpecConfig(gamma="auto", max_new_tokens=40)).run().tokens == expected.tokens
 
 
 def test_prompt_lookup_tree_merges_every_match():

@@ -27,6 +27,10 @@ class Proposal:
     """(k,) for a token tree: each token's parent (-1 = the context's last token; parents come
     first). None for a chain, where token i follows token i - 1. Children of one node are tried in
     order (specdec.rejection, token trees), so the likeliest should come first."""
+    scores: torch.Tensor | None = None
+    """(k,) optional: the drafter's estimate of each node's chance to be accepted (the product of
+    the draft probabilities along its path, or the share of matches that continue that way); never
+    more than its parent's. With it, gamma="auto" trims a tree to the nodes that pay (top)."""
 
     @property
     def is_tree(self) -> bool:
@@ -51,8 +55,48 @@ class Proposal:
         depend on the target's output."""
         if self.tokens.numel() <= n:
             return self
-        return Proposal(self.tokens[:n], None if self.q is None else self.q[:n],
-                        None if self.parents is None else self.parents[:n])
+        return self._select(list(range(n)))
+
+    def top(self, n: int) -> Proposal:
+        """A tree trimmed to at most n nodes by `scores`, the likeliest first, a node only with its
+        parent. Deterministic children (point masses) are kept or dropped one by one; sampled ones
+        (q given) a whole family at a time, in order of their parent's score: the rule that verifies
+        them assumes a node's children are all its draws from q, whatever they drew, so their own
+        values must not decide which stay. Without scores, or for a chain, the first n nodes (head).
+        Exact as long as n does not depend on the target's output."""
+        k = self.tokens.numel()
+        if k <= n or self.parents is None or self.scores is None:
+            return self.head(n)
+        parents, scores = self.parents.tolist(), self.scores.tolist()
+        kept: set[int] = set()
+        if self.q is None:
+            for node in sorted(range(k), key=lambda i: (-scores[i], i)):
+                if len(kept) == n:
+                    break
+                if parents[node] < 0 or parents[node] in kept:
+                    kept.add(node)
+        else:
+            families: dict[int, list[int]] = {}
+            for node, parent in enumerate(parents):
+                families.setdefault(parent, []).append(node)
+            for parent in sorted(families, key=lambda p: (-(scores[p] if p >= 0 else 1.0), p)):
+                if (parent < 0 or parent in kept) and len(kept) + len(families[parent]) <= n:
+                    kept.update(families[parent])
+        return self._select(sorted(kept))
+
+    def _select(self, index: list[int]) -> Proposal:
+        """The nodes at `index` (ascending, each with its parent), renumbered; a tree that is one
+        path becomes a chain."""
+        pick = torch.tensor(index, dtype=torch.long)
+        q = None if self.q is None else self.q[pick]
+        scores = None if self.scores is None else self.scores[pick]
+        if self.parents is None:
+            return Proposal(self.tokens[pick], q, None, scores)
+        renumber = {old: new for new, old in enumerate(index)}
+        parents = torch.tensor([renumber.get(int(self.parents[i]), -1) for i in index], dtype=torch.long)
+        if bool((parents == torch.arange(-1, len(index) - 1)).all()):
+            parents = None  # one path: a chain, which runs on the fast path
+        return Proposal(self.tokens[pick], q, parents, scores)
 
     @staticmethod
     def empty() -> Proposal:

@@ -95,7 +95,8 @@ class PromptLookupTreeDrafter(PromptLookupDrafter):
 
     def tree_of(self, continuations: list[list[int]]) -> Proposal:
         """Continuations (most recent first) merged into a tree of at most max_nodes nodes, the
-        paths more continuations share first; a single path is proposed as a chain."""
+        paths more continuations share first, each scored by the share of continuations that take
+        it; a single path is proposed as a chain."""
         support: dict[tuple[int, ...], list[int]] = {}  # path -> [continuations through it, recency rank]
         for rank, continuation in enumerate(continuations):
             for depth in range(1, len(continuation) + 1):
@@ -116,7 +117,8 @@ class PromptLookupTreeDrafter(PromptLookupDrafter):
         parents = torch.tensor([index[path[:-1]] if len(path) > 1 else -1 for path in nodes], dtype=torch.long)
         if bool((parents == torch.arange(-1, len(nodes) - 1)).all()):
             return Proposal(tokens)  # one continuation: a chain (which runs on the fast path)
-        return Proposal(tokens, parents=parents)
+        shares = torch.tensor([support[path][0] / len(continuations) for path in nodes])  # of the matches, how many go on so
+        return Proposal(tokens, parents=parents, scores=shares)
 
 
 class AutoPromptLookup(PromptLookupTreeDrafter):

@@ -373,7 +373,7 @@ class EagleTreeDrafter(EagleDrafter):
         if not tokens:
             return Proposal.empty()
         return Proposal(torch.tensor(tokens, dtype=torch.long), torch.stack(qs) if qs else None,
-                        torch.tensor(parents, dtype=torch.long))
+                        torch.tensor(parents, dtype=torch.long), torch.tensor([score[i] for i in range(len(tokens))]))
 
 
 class MedusaDrafter(Drafter):
