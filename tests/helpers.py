@@ -24,25 +24,27 @@ def built_extension(wrapper):
 CHARS = list("abcdefghijklmnopqrstuvwxyz .,\n")  # the tiny tokenizer's vocabulary: one id per character
 
 
-def tiny_llama(vocab_size: int = 40, layers: int = 2, seed: int = 0, max_positions: int = 256, init: float = 0.3):
+def tiny_llama(vocab_size: int = 40, layers: int = 2, seed: int = 0, max_positions: int = 256, init: float = 0.3,
+               head_dim: int = 8):
     """A random Llama-architecture causal LM; a large init spreads the logits so greedy has no near-ties."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
-                         initializer_range=init, eos_token_id=None, bos_token_id=None, pad_token_id=None,
-                         tie_word_embeddings=False)
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                         max_position_embeddings=max_positions, initializer_range=init, eos_token_id=None,
+                         bos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
     return LlamaForCausalLM(config).eval()
 
 
-def tiny_gemma3(vocab_size: int = 40, seed: int = 0, sliding_window: int = 8):
+def tiny_gemma3(vocab_size: int = 40, seed: int = 0, sliding_window: int = 8, head_dim: int = 8):
     """A random Gemma-3 text model with sliding-window layers, to test rollback across the window."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(seed)
     config = Gemma3TextConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=sliding_window,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim,
+                              sliding_window=sliding_window,
                               layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
                               max_position_embeddings=256, initializer_range=0.3, eos_token_id=None, bos_token_id=None,
                               pad_token_id=None)

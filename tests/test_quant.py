@@ -156,7 +156,9 @@ def quantised_twin(model, kinds: dict[str, int], head_kind: int | None = 8) -> G
 
 
 def tiny(arch: str):
-    return (tiny_llama(40, seed=3) if arch == "llama" else tiny_gemma3(40, seed=3, sliding_window=8)).float()
+    """head_dim 16: what rowops.cpp's fused q/k RoPE, and so quant.cpp's layer_step, take."""
+    return (tiny_llama(40, seed=3, head_dim=16) if arch == "llama"
+            else tiny_gemma3(40, seed=3, sliding_window=8, head_dim=16)).float()
 
 
 ALL_Q4_1 = dict.fromkeys(_PARTS, 3)
@@ -201,9 +203,33 @@ def test_speculative_equals_plain_on_blocks(kernels, arch, int8):
             assert run.stats.path == ("lean+gguf-int8" if int8 else "lean+gguf")
 
 
-def test_batched_generations_on_blocks_equal_each_alone(kernels):
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_layer_in_one_call_is_the_layer_as_ops_to_the_bit(kernels, arch):
+    """quant.cpp's layer_step (a whole layer of one sequence in one call) against layer_aten with
+    rowops.cpp: equal logits, bit for bit, for a prompt chunk, one position, a chain and a tree, past
+    Gemma's sliding window; so passes may take either (batches of several sequences take the ops)."""
+    from specdec.modeling.tree import TreeLayout
+
+    model = tiny(arch)
+    weights = quantised_twin(model, ALL_Q4_1)
+    one_call, as_ops = LeanBackend(model, gguf=weights), LeanBackend(model, gguf=weights)
+    as_ops.decoder.layer_step = None
+    assert one_call.decoder.layer_step is not None
+    ids = torch.randint(0, 40, (30,), generator=torch.Generator().manual_seed(1))
+    for backend in (one_call, as_ops):
+        backend.reset()
+        backend.append(ids[:14])
+    for chunk in (ids[14:15], ids[15:20]):
+        assert torch.equal(one_call.forward(chunk), as_ops.forward(chunk))
+    parents = torch.tensor([-1, -1, 0, 0, 2])  # rows: the root, then five nodes
+    trees = [b._forward_tree(ids[20:26], TreeLayout.of(parents), b.length) for b in (one_call, as_ops)]
+    assert torch.equal(trees[0], trees[1])
+
+
+@pytest.mark.parametrize("kinds", [ALL_Q4_1, MIXED], ids=["layers-in-one-call", "mixed"])
+def test_batched_generations_on_blocks_equal_each_alone(kernels, kinds):
     model = tiny("llama")
-    backend = LeanBackend(model, gguf=quantised_twin(model, MIXED))
+    backend = LeanBackend(model, gguf=quantised_twin(model, kinds))
     g = torch.Generator().manual_seed(7)
     prompts = [[int(t) for t in torch.randint(0, 40, (n,), generator=g)] * 2 for n in (9, 17, 5)]
     engine = SpeculativeEngine(backend, PromptLookupDrafter())

@@ -1,5 +1,5 @@
-"""rowops.cpp, the float32 norms and q/k RoPE of the lean backend's ATen path, against the ATen ops
-they replace, and the lean backend with them against transformers at a head size they serve."""
+"""rowops.cpp, the float32 norms, q/k RoPE and act(gate)·up of the lean backend's ATen path, against
+the ATen ops they replace, and the lean backend with them against transformers at a head size they serve."""
 
 import pytest
 import torch
@@ -46,6 +46,18 @@ def test_qk_rope_is_norms_then_rotate(rows, head_dim, gemma):
     torch.testing.assert_close(got[:, :n_heads], q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[:, n_heads : n_heads + n_kv], k, rtol=1e-5, atol=1e-5)
     assert torch.equal(got[:, n_heads + n_kv :], v)  # values untouched
+
+
+@pytest.mark.parametrize("gemma", [False, True], ids=["silu", "gelu-tanh"])
+def test_act_mul_is_the_activation_times_up(rows, gemma):
+    arch = Arch(n_heads=4, n_kv=2, head_dim=64, scale=0.125, eps=1e-6, gemma=gemma)
+    g = torch.Generator().manual_seed(2)
+    gu = torch.randn(3, 2, 2 * 1536, generator=g) * 4  # wide enough to reach the exponential's clamps
+    gate, up = gu.chunk(2, dim=-1)
+    out = rows.act_mul(gu, gemma)
+    assert out.shape == gate.shape
+    torch.testing.assert_close(out, arch.act(gate) * up, rtol=2e-6, atol=2e-6)
+    assert torch.equal(rows.act_mul(gu[1:2, 1:2].contiguous(), gemma), out[1:2, 1:2])  # a row alone: the same
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

@@ -5,7 +5,8 @@ float32 step then reads 4 bytes a weight (SmolLM2-135M: ~540 MB a token) where t
 (~100 MB). This module reads the file's blocks for the linear layers and the LM head and hands them to
 modeling/quant.cpp, which unpacks them in registers. The blocks dequantise to exactly the float32
 weights transformers loaded (tests/test_quant.py checks every matrix), so the model is the same and
-only the order of the sums differs; activations stay float32.
+only float32 rounding differs (the order of the sums, and where each group's scale is applied);
+activations stay float32.
 
 Matrices whose block type the kernels do not read keep their float weights; the backend's
 `numeric_path` says how much of the model ran on blocks.

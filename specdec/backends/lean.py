@@ -109,10 +109,12 @@ class LeanBackend(Backend):
         kinds = sorted({layer.rope for layer in layers})
         rope = RopeTable(rotary_module_angles(inner.rotary_emb, kinds, self.dtype, self.device), self.dtype,
                          self.device, self.max_length)
+        step = None
         if self.gguf is not None:
             linear = quant.quant_linear(linear, int8_activations)
+            step = quant.layer_step(self.arch, layers, int8_activations)
         rows = rowops.load() if self.dtype == torch.float32 and self.device.type == "cpu" else None
-        self.decoder = Decoder(self.arch, layers, rope, linear, kern, rows)
+        self.decoder = Decoder(self.arch, layers, rope, linear, kern, rows, step)
         self.cache = self.decoder.new_cache(self.max_length)
 
     @property

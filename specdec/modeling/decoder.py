@@ -30,6 +30,8 @@ KERNEL_ROWS = 16
 (prefill) on ATen's GEMM, which is faster where there is arithmetic to do."""
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LayerStep = Callable[..., torch.Tensor]
+"""(layer index, h (T, d), cos, sin, k cache, v cache, start, lo, visible) -> h after that layer."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ over a cache the new keys are written into."""
 def layer_aten(h: torch.Tensor, w: LayerWeights, arch: Arch, cos: torch.Tensor, sin: torch.Tensor,
                linear: Linear, attend: Attend, rows=None, attn_input: torch.Tensor | None = None) -> torch.Tensor:
     """One decoder layer as ATen ops: h (B, T, d) at the positions cos/sin (T, hd) belong to.
-    `rows`: rowops.cpp, which does the float32 norms and the q/k norms + RoPE one call each.
+    `rows`: rowops.cpp, which does the float32 norms, the q/k norms + RoPE and act(gate)·up one call each.
     `attn_input`: what the QKV projection reads instead of norm(h) (EAGLE-3's first layer:
     [norm(embedding); norm(h)], 2d wide); h stays the residual."""
     b, t, _ = h.shape
@@ -131,8 +133,12 @@ def layer_aten(h: torch.Tensor, w: LayerWeights, arch: Arch, cos: torch.Tensor, 
     if arch.gemma:
         o = rms_norm(o, w.norms["attn_out"], arch, rows)
     h = h + o
-    gate, up = linear(rms_norm(h, w.norms["mlp_in"], arch, rows), w.wgu).chunk(2, dim=-1)
-    m = linear(arch.act(gate) * up, w.wdown)
+    gu = linear(rms_norm(h, w.norms["mlp_in"], arch, rows), w.wgu)
+    if rows is not None and gu.dtype == torch.float32 and gu.shape[-1] % 16 == 0:
+        m = linear(rows.act_mul(gu, arch.gemma), w.wdown)  # act(gate) * up in one call
+    else:
+        gate, up = gu.chunk(2, dim=-1)
+        m = linear(arch.act(gate) * up, w.wdown)
     if arch.gemma:
         m = rms_norm(m, w.norms["mlp_out"], arch, rows)
     return h + m
@@ -197,10 +203,13 @@ class Decoder:
     up to KERNEL_ROWS positions when `kernels` is given, on ATen otherwise."""
 
     def __init__(self, arch: Arch, layers: list[LayerWeights], rope: RopeTable, linear: Linear = F.linear,
-                 kernels=None, rows=None):
-        """kernels: kernels.cpp (bf16 steps); rows: rowops.cpp (float32 norms and RoPE on ATen passes)."""
+                 kernels=None, rows=None, layer_step: LayerStep | None = None):
+        """kernels: kernels.cpp (bf16 steps); rows: rowops.cpp (float32 norms and RoPE on ATen passes);
+        layer_step: a whole layer of one sequence in one call with layer_aten's arithmetic to the bit
+        (quant.layer_step, on GGUF blocks), taken for passes that produce logits."""
         self.arch, self.layers, self.rope, self.linear, self.kernels = arch, layers, rope, linear, kernels
         self.rows = rows
+        self.layer_step = layer_step if rows is not None else None
 
     def new_cache(self, max_length: int | None = None) -> KVCache:
         return KVCache(len(self.layers), self.arch.n_kv, self.arch.head_dim, self.rope.dtype, self.rope.device,
@@ -246,6 +255,8 @@ class Decoder:
         positions = torch.cat([s.positions() for s in segments])
         masks: dict = {}
         x = h[None]
+        one_call = (self.layer_step is not None and len(segments) == 1 and not segments[0].prompt and attn_input is None
+                    and h.dtype == torch.float32)
         for i, layer in enumerate(self.layers):
             if taps is not None:
                 taps.see(i, x[0])
@@ -253,6 +264,12 @@ class Decoder:
                 cos, sin = self.rope.span(layer.rope, segments[0].start, segments[0].end)
             else:
                 cos, sin = (table[positions.to(table.device)] for table in self.rope.full(layer.rope))
+            if one_call:  # the whole layer in one call: the same numbers as layer_aten below
+                s = segments[0]
+                lo, mask = self._visible(s, layer.window, masks, 0)
+                x = self.layer_step(i, x[0], cos, sin, s.cache.k[i], s.cache.v[i], s.start, lo,
+                                    _ALL_VISIBLE if mask is None else mask)[None]
+                continue
             attends = [self._cached_attend(s, i, layer.window, masks, j) for j, s in enumerate(segments)]
             x = layer_aten(x, layer, self.arch, cos, sin, self.linear, attends[0] if len(attends) == 1
                            else _split_attend(attends, [s.rows for s in segments]), self.rows,
@@ -265,6 +282,27 @@ class Decoder:
         """Write the segment's new keys and values at slots start..end-1 of its cache, then attend to
         the slots each query may see: earlier positions within the window, and (in a tree) its
         ancestors. The mask is built once per segment, window size and pass."""
+        cache, start, end = segment.cache, segment.start, segment.end
+        lo, mask = self._visible(segment, window, masks, key)
+        rows = (self.rows if self.rows is not None and cache.k[index].dtype == torch.float32 and not segment.prompt
+                else None)
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if rows is not None and q.shape[-1] % 8 == 0:  # the cache writes and attention in one call
+                visible = mask if mask is not None else _ALL_VISIBLE
+                return rows.attend(q, k, v, cache.k[index], cache.v[index], start, lo, visible,
+                                   self.arch.scale).transpose(1, 2)
+            cache.k[index][:, start:end] = k[0]
+            cache.v[index][:, start:end] = v[0]
+            keys, values = cache.k[index][None, :, lo:end], cache.v[index][None, :, lo:end]
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.arch.scale,
+                                                  enable_gqa=self.arch.n_kv != self.arch.n_heads)
+        return attend
+
+    @staticmethod
+    def _visible(segment: Segment, window: int | None, masks: dict, key: int) -> tuple[int, torch.Tensor | None]:
+        """The first cache slot the segment's queries may see, and which of the slots from there each
+        sees ((rows, end - lo) bool; None: all, causally); built once per segment, window and pass."""
         cache, start, end, tree = segment.cache, segment.start, segment.end, segment.tree
         lo = 0 if window is None else max(0, start - window + 1)
         if (key, window) not in masks:
@@ -282,21 +320,7 @@ class Decoder:
                 if window is not None:
                     allowed &= k_pos > q_pos - window
                 masks[key, window] = allowed  # (n, end - lo)
-        mask = masks[key, window]
-        rows = (self.rows if self.rows is not None and cache.k[index].dtype == torch.float32 and not segment.prompt
-                else None)
-
-        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            if rows is not None and q.shape[-1] % 8 == 0:  # the cache writes and attention in one call
-                visible = mask if mask is not None else _ALL_VISIBLE
-                return rows.attend(q, k, v, cache.k[index], cache.v[index], start, lo, visible,
-                                   self.arch.scale).transpose(1, 2)
-            cache.k[index][:, start:end] = k[0]
-            cache.v[index][:, start:end] = v[0]
-            keys, values = cache.k[index][None, :, lo:end], cache.v[index][None, :, lo:end]
-            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.arch.scale,
-                                                  enable_gqa=self.arch.n_kv != self.arch.n_heads)
-        return attend
+        return lo, masks[key, window]
 
     def keep(self, cache: KVCache, start: int, slots: list[int]) -> None:
         """Move the keys and values in `slots` (in order) to slots start.., e.g. a tree's accepted

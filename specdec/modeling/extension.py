@@ -47,7 +47,8 @@ class Extension:
 
     def _key(self) -> str:
         digest = hashlib.sha256()
-        for part in (self.source.read_bytes(), torch.__version__.encode(), sys.version.encode(),
+        headers = [path.read_bytes() for path in sorted(self.source.parent.glob("*.h"))]  # what sources include
+        for part in (self.source.read_bytes(), *headers, torch.__version__.encode(), sys.version.encode(),
                      " ".join(sorted(cpu_flags())).encode()):
             digest.update(part)
         return digest.hexdigest()[:12]

@@ -94,6 +94,38 @@ def quant_linear(fallback: Callable, int8: bool = False) -> Callable:
     return linear
 
 
+_EMPTY = torch.empty(0)
+
+
+def layer_step(arch, layers: list, int8: bool = False) -> Callable | None:
+    """A Decoder layer_step running each layer of one sequence in one call (quant.cpp's layer_step:
+    layer_aten's arithmetic with rowops.cpp, to the bit), or None where some projection is not on
+    blocks, the shapes are not ones rowops.cpp takes, or the kernels cannot run here."""
+    module = load()
+    if module is None or arch.head_dim % 16 or (arch.n_heads * arch.head_dim) % 8:
+        return None
+    held = []
+    for layer in layers:
+        projections = (layer.wqkv, layer.wo, layer.wgu, layer.wdown)
+        if not all(isinstance(w, QuantWeight | QuantParts) for w in projections):
+            return None
+        parts = [w.parts if isinstance(w, QuantParts) else (w,) for w in projections]
+        if parts[0][0].in_features % 8 or sum(p.out_features for p in parts[2]) % 16:
+            return None
+        names = ("attn_in", "mlp_in") + (("q", "k", "attn_out", "mlp_out") if arch.gemma else ())
+        norms = [layer.norms[name].float().contiguous() for name in names]
+        held.append(([[p.blocks for p in ps] for ps in parts], [[p.kind for p in ps] for ps in parts],
+                     norms + [_EMPTY] * (6 - len(norms))))
+
+    def step(index: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, start: int, lo: int, visible: torch.Tensor) -> torch.Tensor:
+        blocks, kinds, norms = held[index]
+        return module.layer_step(h.contiguous(), blocks, kinds, norms, cos, sin, k_cache, v_cache, start, lo, visible,
+                                 arch.n_heads, arch.n_kv, arch.head_dim, arch.eps, arch.scale, arch.gemma, int8)
+
+    return step
+
+
 def dequantize(w: QuantWeight) -> torch.Tensor:
     """The float32 weight the blocks stand for (gguf-py's reference dequantisation)."""
     from gguf.quants import dequantize as reference

@@ -1,0 +1,234 @@
+// The row-wise float32 ops of rowops.cpp, as a header: rowops.cpp binds them for Python, and
+// quant.cpp calls them inside its one-call decoder layer (layer_step) with the same arithmetic.
+//
+// On a CPU without kernels.cpp (no AVX-512 BF16) a decode step is ~25 small ATen ops a layer, and each
+// costs 3-5 us of dispatch whatever its size: an RMSNorm of one 576-wide row ~25 us, RoPE on q and k
+// ~40 us, more than their arithmetic by two orders of magnitude. These do the same arithmetic in one
+// call:
+//
+//   rms_norm   y = (x / sqrt(mean(x^2) + eps)) * w per row (Llama's and, with w = 1 + weight, Gemma's
+//              float32 RMSNorm);
+//   qk_rope_   in place on a fused QKV block: Gemma's per-head q/k RMSNorms, then RoPE on every q and
+//              k head (x cos + rotate_half(x) sin, sin holding rotate_half's sign);
+//   attend     one sequence's attention over its KV cache: write the new keys and values, then for
+//              each query and head softmax(q k^T scale) v over the keys a boolean mask allows (causal,
+//              sliding window, a token tree's ancestors), grouped KV heads; replaces the cache
+//              writes, slices and SDPA call (~40 us a layer for one query);
+//   act_mul    silu(gate) up (Llama) or gelu_tanh(gate) up (Gemma) of fused [gate | up] rows.
+//
+// Each row's arithmetic depends on that row alone, so results do not depend on how many rows a pass
+// holds, and speculative, batched and plain decoding stay token for token equal.
+
+#pragma once
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#ifndef SPECDEC_AVX2
+#define SPECDEC_AVX2 __attribute__((target("avx2,fma")))
+#endif
+
+namespace {
+
+SPECDEC_AVX2 inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// y[i] = (x[i] * r) * w[i], r = 1 / sqrt(mean(x^2) + eps); n a multiple of 8.
+SPECDEC_AVX2 void norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
+  __m256 ss = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    ss = _mm256_fmadd_ps(v, v, ss);
+  }
+  const __m256 r = _mm256_set1_ps(1.f / std::sqrt(hsum(ss) / static_cast<float>(n) + eps));
+  for (int64_t i = 0; i < n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), r), _mm256_loadu_ps(w + i)));
+}
+
+// x (hd) <- x * cos + rotate_half(x) * sin, rotate_half(x) = (x[half:], x[:half]); hd a multiple of 16.
+SPECDEC_AVX2 void rope_head(float* x, const float* cos, const float* sin, int64_t hd) {
+  const int64_t half = hd / 2;
+  for (int64_t i = 0; i < half; i += 8) {
+    const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + half + i);
+    const __m256 lo = _mm256_add_ps(_mm256_mul_ps(a, _mm256_loadu_ps(cos + i)),
+                                    _mm256_mul_ps(b, _mm256_loadu_ps(sin + i)));
+    const __m256 hi = _mm256_add_ps(_mm256_mul_ps(b, _mm256_loadu_ps(cos + half + i)),
+                                    _mm256_mul_ps(a, _mm256_loadu_ps(sin + half + i)));
+    _mm256_storeu_ps(x + i, lo);
+    _mm256_storeu_ps(x + half + i, hi);
+  }
+}
+
+// e^x for 8 floats: 2^n * p(r), x = n ln2 + r, |r| <= ln2 / 2, p Cephes' degree-5 polynomial
+// (relative error ~2e-7); x below -87 gives 0.
+SPECDEC_AVX2 inline __m256 exp8(__m256 x) {
+  const __m256 low = _mm256_set1_ps(-87.3f);
+  const __m256 under = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, low), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+SPECDEC_AVX2 inline float dot(const float* a, const float* b, int64_t n) {
+  __m256 s = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
+  return hsum(s);
+}
+
+// One query against keys [lo, end) of one KV head: out = softmax(scale q.k_j over allowed j) . v.
+SPECDEC_AVX2 void attend_one(const float* q, const float* keys, const float* values, const bool* allowed,
+                             int64_t count, int64_t hd, float scale, float* out, std::vector<float>& scores) {
+  scores.resize(count + 8);
+  float top = -INFINITY;
+  for (int64_t j = 0; j < count; ++j) {
+    scores[j] = (allowed == nullptr || allowed[j]) ? dot(q, keys + j * hd, hd) * scale : -INFINITY;
+    top = std::max(top, scores[j]);
+  }
+  for (int64_t j = count; j < count + 8; ++j) scores[j] = -INFINITY;  // padding for the last vector
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 total = _mm256_setzero_ps();
+  for (int64_t j = 0; j < count; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores.data() + j), shift));
+    _mm256_storeu_ps(scores.data() + j, e);
+    total = _mm256_add_ps(total, e);
+  }
+  const float norm = 1.f / hsum(total);
+  for (int64_t i = 0; i < hd; i += 8) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < count; ++j)
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]), _mm256_loadu_ps(values + j * hd + i), acc);
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(acc, _mm256_set1_ps(norm)));
+  }
+}
+
+bool rowops_supported() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && weight.scalar_type() == torch::kFloat32, "float32 only");
+  const int64_t n = x.size(-1);
+  TORCH_CHECK(weight.numel() == n && n % 8 == 0, "weight must have the rows' width, a multiple of 8");
+  torch::Tensor flat = x.reshape({-1, n}).contiguous(), w = weight.contiguous();
+  torch::Tensor out = torch::empty_like(flat);
+  const float* xp = flat.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* yp = out.data_ptr<float>();
+  for (int64_t r = 0; r < flat.size(0); ++r) norm_row(xp + r * n, wp, yp + r * n, n, static_cast<float>(eps));
+  return out.view(x.sizes());
+}
+
+// qkv (T, (n_heads + 2 n_kv) hd) contiguous; cos, sin (T, hd). q_norm/k_norm: (hd) or empty.
+void qk_rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t n_heads, int64_t n_kv, int64_t hd,
+              torch::Tensor q_norm, torch::Tensor k_norm, double eps) {
+  TORCH_CHECK(qkv.scalar_type() == torch::kFloat32 && qkv.is_contiguous(), "qkv: contiguous float32");
+  TORCH_CHECK(hd % 16 == 0, "head_dim must be a multiple of 16");
+  const int64_t width = (n_heads + 2 * n_kv) * hd;
+  TORCH_CHECK(qkv.size(-1) == width, "qkv rows hold ", qkv.size(-1), " values, expected ", width);
+  const int64_t T = qkv.numel() / width;
+  torch::Tensor c = cos.reshape({-1, hd}).contiguous(), s = sin.reshape({-1, hd}).contiguous();
+  TORCH_CHECK(c.size(0) == T && s.size(0) == T, "cos and sin need one row per position");
+  const bool norms = q_norm.numel() > 0;
+  torch::Tensor qn = norms ? q_norm.contiguous() : q_norm, kn = norms ? k_norm.contiguous() : k_norm;
+  float* base = qkv.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    float* row = base + t * width;
+    for (int64_t h = 0; h < n_heads + n_kv; ++h) {
+      float* head = row + h * hd;
+      if (norms) norm_row(head, (h < n_heads ? qn : kn).data_ptr<float>(), head, hd, static_cast<float>(eps));
+      rope_head(head, c.data_ptr<float>() + t * hd, s.data_ptr<float>() + t * hd, hd);
+    }
+  }
+}
+
+// q (1, Hq, T, hd), k and v (1, Hkv, T, hd): any strides with a contiguous last dimension (views of
+// a fused QKV block). k_cache, v_cache (Hkv, capacity, hd) contiguous. The new keys and values go to
+// slots start..start+T-1; query t sees keys lo..start+T-1 where visible[t][j - lo] (all if empty).
+// Returns (1, T, Hq, hd).
+torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
+                     int64_t start, int64_t lo, torch::Tensor visible, double scale) {
+  TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32, "float32 only");
+  TORCH_CHECK(q.dim() == 4 && q.size(0) == 1 && q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+              "q, k, v: (1, heads, T, head_dim) with contiguous rows");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "the caches must be contiguous");
+  const int64_t n_heads = q.size(1), T = q.size(2), hd = q.size(3), n_kv = k.size(1);
+  const int64_t end = start + T, count = end - lo, capacity = k_cache.size(1);
+  TORCH_CHECK(hd % 8 == 0 && n_heads % n_kv == 0 && end <= capacity && lo >= 0 && lo <= start, "bad shapes");
+  TORCH_CHECK(visible.numel() == 0 || (visible.scalar_type() == torch::kBool && visible.size(0) == T &&
+                                       visible.size(1) == count), "visible: (T, end - lo) bool");
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  for (int64_t h = 0; h < n_kv; ++h)
+    for (int64_t t = 0; t < T; ++t) {
+      std::memcpy(kc + (h * capacity + start + t) * hd, k.data_ptr<float>() + h * k.stride(1) + t * k.stride(2), hd * 4);
+      std::memcpy(vc + (h * capacity + start + t) * hd, v.data_ptr<float>() + h * v.stride(1) + t * v.stride(2), hd * 4);
+    }
+  torch::Tensor mask = visible.numel() ? visible.contiguous() : visible;
+  const bool* mp = visible.numel() ? mask.data_ptr<bool>() : nullptr;
+  torch::Tensor out = torch::empty({1, T, n_heads, hd}, q.options());
+  float* op = out.data_ptr<float>();
+  const float* qp = q.data_ptr<float>();
+  const int64_t group = n_heads / n_kv;
+  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, count));
+  at::parallel_for(0, n_heads * T, grain, [&](int64_t u0, int64_t u1) {
+    std::vector<float> scores;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t h = u / T, t = u % T, g = h / group;
+      attend_one(qp + h * q.stride(1) + t * q.stride(2), kc + (g * capacity + lo) * hd, vc + (g * capacity + lo) * hd,
+                 mp ? mp + t * count : nullptr, count, hd, static_cast<float>(scale), op + (t * n_heads + h) * hd,
+                 scores);
+    }
+  });
+  return out;
+}
+
+
+// silu(g) u (Llama) or gelu_tanh(g) u (Gemma) for rows [g | u] of width 2n (n a multiple of 8), exp8 for
+// the exponentials: silu(g) = g / (1 + e^-g); gelu_tanh(g) = g / (1 + e^-2y), y = sqrt(2/pi)(g + 0.044715 g^3)
+// (= 0.5 g (1 + tanh y)).
+SPECDEC_AVX2 void act_mul_row(const float* gu, float* out, int64_t n, bool gelu) {
+  const __m256 one = _mm256_set1_ps(1.f);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gu + i), u = _mm256_loadu_ps(gu + n + i);
+    __m256 z = _mm256_sub_ps(_mm256_setzero_ps(), g);  // silu: e^-g
+    if (gelu) {
+      const __m256 inner = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), g), _mm256_mul_ps(g, g), g);
+      z = _mm256_mul_ps(_mm256_set1_ps(-1.5957691216057308f), inner);  // -2 sqrt(2/pi) (g + 0.044715 g^3)
+    }
+    const __m256 act = _mm256_div_ps(g, _mm256_add_ps(one, exp8(z)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(act, u));
+  }
+}
+
+torch::Tensor act_mul(torch::Tensor gu, bool gelu) {
+  TORCH_CHECK(gu.scalar_type() == torch::kFloat32, "float32 only");
+  const int64_t width = gu.size(-1), n = width / 2;
+  TORCH_CHECK(width % 16 == 0, "rows must hold [gate | up], each a multiple of 8 wide");
+  torch::Tensor flat = gu.reshape({-1, width}).contiguous();
+  auto shape = gu.sizes().vec();
+  shape.back() = n;
+  torch::Tensor out = torch::empty({flat.size(0), n}, gu.options());
+  for (int64_t r = 0; r < flat.size(0); ++r)
+    act_mul_row(flat.data_ptr<float>() + r * width, out.data_ptr<float>() + r * n, n, gelu);
+  return out.view(shape);
+}
+
+}  // namespace
