@@ -11,7 +11,7 @@ import specdec.rejection
 from helpers import TableLM
 from specdec.config import SamplingParams
 from specdec.conformance import Settings, run_conformance
-from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, PromptLookupDrafter, Proposal
+from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, NGramTreeDrafter, PromptLookupDrafter, Proposal
 from specdec.engine import SpeculativeEngine
 from specdec.rejection import Verdict, acceptance_probability, point_mass, residual
 from specdec.sampling import probs, sample
@@ -33,7 +33,7 @@ def drafter(kind: str, eos_bias: float = -2.5):
     if kind == "prompt-lookup":
         return PromptLookupDrafter()
     table = NGramTable.fit([[0, 1, 2, 3, 4, 5, 6, 0, 2, 4, 6, 1, 3, 5, 0]], n=2)
-    return NGramDrafter(table)
+    return NGramTreeDrafter(table) if kind == "ngram-tree" else NGramDrafter(table)
 
 
 def conformance(kind="model", sampling=T1, settings=Settings(), gamma=3, draft=None, engine_class=SpeculativeEngine,
@@ -50,9 +50,12 @@ def by_name(report):
     return {c.name: c for c in report.checks}
 
 
-@pytest.mark.parametrize("kind", ["model", "prompt-lookup", "ngram"])
-@pytest.mark.parametrize("sampling", [T1, WARPED], ids=["T1", "T0.7-top-p0.9"])
+@pytest.mark.parametrize("kind,sampling", [(kind, sampling) for kind in ("model", "prompt-lookup", "ngram")
+                                           for sampling in (T1, WARPED)] + [("ngram-tree", T1)],
+                         ids=lambda v: v if isinstance(v, str) else "T1" if v is T1 else "T0.7-top-p0.9")
 def test_real_engine_passes_every_check(kind, sampling):
+    """Each kind of drafter (ngram-tree: point-mass token trees; warped sampling of trees is checked
+    in test_tree.py)."""
     report = conformance(kind, sampling)
     assert report.passed, report.to_text()
     assert report.detectable_tv is not None and report.detectable_tv <= 0.05, report.to_text()

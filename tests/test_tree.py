@@ -342,7 +342,7 @@ def test_tree_drafters_keep_greedy_output(architecture, backend_class):
     from helpers import TableLM, tiny_gemma3, tiny_llama
     from specdec.backends import LeanBackend, TransformersBackend
     from specdec.config import SamplingParams, SpecConfig
-    from specdec.drafters import PromptLookupTreeDrafter
+    from specdec.drafters import NGramTable, NGramTreeDrafter, PromptLookupTreeDrafter
     from specdec.engine import SpeculativeEngine
 
     backend_type = LeanBackend if backend_class == "lean" else TransformersBackend
@@ -350,7 +350,9 @@ def test_tree_drafters_keep_greedy_output(architecture, backend_class):
     prompt = [1, 2, 3, 4, 5, 1, 2, 6, 7, 1, 2, 3, 9, 1, 2]
     greedy, spec = SamplingParams(), SpecConfig(gamma=3, max_new_tokens=40)
     expected = SpeculativeEngine(backend_type(model)).generate(prompt, greedy, SpecConfig(gamma=0, max_new_tokens=40)).run()
-    for drafter in (PromptLookupTreeDrafter(max_ngram=2), TableTreeDrafter(TableLM(40, order=1, seed=3))):
+    text = prompt + torch.randint(0, 40, (60,), generator=torch.Generator().manual_seed(4)).tolist()
+    ngram = NGramTreeDrafter(NGramTable.fit([text], n=2))  # a table with several successors per token
+    for drafter in (PromptLookupTreeDrafter(max_ngram=2), TableTreeDrafter(TableLM(40, order=1, seed=3)), ngram):
         backend = backend_type(model)
         run = SpeculativeEngine(backend, drafter).generate(prompt, greedy, spec).run()
         assert run.tokens == expected.tokens, drafter.name
@@ -358,6 +360,31 @@ def test_tree_drafters_keep_greedy_output(architecture, backend_class):
     # gamma = auto trims prompt lookup's scored trees to the measured cost of positions
     auto = SpeculativeEngine(backend_type(model), PromptLookupTreeDrafter(max_ngram=2))
     assert auto.generate(prompt, greedy, SpecConfig(gamma="auto", max_new_tokens=40)).run().tokens == expected.tokens
+
+
+def test_ngram_tree_drafts_the_tables_top_successors(tmp_path):
+    """The worked example of NGramTreeDrafter; the table keeps each context's top successors with
+    their shares through save and load, and a version-1 file (one successor, no shares) still loads."""
+    import json
+
+    import numpy as np
+
+    from specdec.config import SamplingParams
+    from specdec.drafters import NGramTable, NGramTreeDrafter
+
+    table = NGramTable.fit([[5, 6, 5, 6, 5, 7, 6, 5]], n=2)
+    assert table.followers([5]) == [(6, pytest.approx(2 / 3)), (7, pytest.approx(1 / 3))]
+    proposal = NGramTreeDrafter(table, branch=2, beam=1).propose(torch.tensor([9, 5]), 2, SamplingParams(), None)
+    assert proposal.tokens.tolist() == [6, 7, 5] and proposal.parents.tolist() == [-1, -1, 0]
+    assert proposal.scores.tolist() == pytest.approx([2 / 3, 1 / 3, 2 / 3]) and proposal.q is None
+    table.save(tmp_path / "t.npz")
+    again = NGramTable.load(tmp_path / "t.npz")
+    assert again.top_k == 4 and again.followers([5]) == [(6, pytest.approx(2 / 3)), (7, pytest.approx(1 / 3))]
+    header = {"format": "specdec-ngram", "version": 1, "n": 2, "tokenizer": "", "source": ""}
+    np.savez(tmp_path / "v1.npz", context_1=np.array([[5], [6]]), next_1=np.array([6, 5]),
+             header=np.frombuffer(json.dumps(header).encode(), dtype=np.uint8))
+    old = NGramTable.load(tmp_path / "v1.npz")
+    assert old.next_token([5]) == 6 and old.followers([6]) == [(5, 1.0)]
 
 
 def test_prompt_lookup_tree_merges_every_match():

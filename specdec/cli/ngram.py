@@ -35,6 +35,8 @@ def fit_table(args: argparse.Namespace) -> int:
 
     if args.n < 2:
         raise SpecdecError(f"--n must be >= 2 (2 = bigram), got {args.n}")
+    if args.top_k < 1:
+        raise SpecdecError(f"--top-k must be >= 1, got {args.top_k}")
     target = load_model(args.target, args.dtype)
     sequences, sources = [], []
     for name in args.corpus:
@@ -55,7 +57,8 @@ def fit_table(args: argparse.Namespace) -> int:
         sources.append(f"target-outputs:{len(prompts)}@T={args.temperature}")
     if not sequences:
         raise SpecdecError("nothing to fit on: give --corpus NAME and/or --from-target N")
-    table = NGramTable.fit(sequences, n=args.n, tokenizer_id=tokenizer_fingerprint(target.tokenizer), source=",".join(sources))
+    table = NGramTable.fit(sequences, n=args.n, tokenizer_id=tokenizer_fingerprint(target.tokenizer),
+                           source=",".join(sources), top_k=args.top_k)
     table.save(args.out)
     size = sum(len(t) for t in table.successors.values())
     print(f"wrote {args.out}: {args.n}-gram table, {size} contexts, from {', '.join(sources)}", file=sys.stderr)
@@ -74,6 +77,8 @@ def register(sub) -> None:
     fit.add_argument("--temperature", type=float, default=0.0, help="for --from-target (default: %(default)s)")
     fit.add_argument("--max-new-tokens", type=int, default=128)
     fit.add_argument("--n", type=int, default=2, help="2 = bigram (default), 3 = trigram with bigram back-off, ...")
+    fit.add_argument("--top-k", type=int, default=4,
+                     help="successors kept per context, the branches ngram-tree may draft (default: %(default)s)")
     fit.add_argument("--limit", type=int, default=2000, help="texts per corpus (default: %(default)s)")
     fit.add_argument("--seed", type=int, default=0)
     add_dtype(fit)

@@ -8,7 +8,7 @@ from ..config import DRAFTER_KINDS, DRAFTER_SYNTAX, parse_drafter
 from ..errors import SpecdecError
 from .base import Drafter, Proposal
 from .model import ModelDrafter
-from .ngram import NGramDrafter, NGramTable
+from .ngram import NGramDrafter, NGramTable, NGramTreeDrafter
 from .prompt_lookup import AutoPromptLookup, PromptLookupDrafter, PromptLookupTreeDrafter
 from .routed import ByTemperature
 from .suffix import SequenceHistory, SuffixDrafter
@@ -17,6 +17,7 @@ from .trained import is_drafter_directory, is_trained_drafter, load_trained_draf
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "drafters"
 
 __all__ = ["AutoPromptLookup", "Drafter", "Proposal", "ByTemperature", "ModelDrafter", "NGramDrafter", "NGramTable",
+           "NGramTreeDrafter",
            "PromptLookupDrafter", "PromptLookupTreeDrafter", "SequenceHistory", "SuffixDrafter", "DRAFTER_KINDS",
            "DRAFTER_SYNTAX", "build_drafter", "check_same_tokenizer", "parse_drafter", "shipped_drafter", "target_weights"]
 
@@ -58,8 +59,8 @@ def target_weights(weights: str, drafter_specs: list[str]) -> str:
 def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend: str = "auto",
                   target_on_blocks: bool = False) -> Drafter | None:
     """A drafter named as DRAFTER_SYNTAX says, for `target` (the LoadedModel it drafts for): the
-    argument is the draft model (model:NAME), the n-gram table file (ngram:FILE; default: the one
-    shipped for a built-in target) or the trained drafter's directory (trained:DIR; default: the
+    argument is the draft model (model:NAME), the n-gram table file (ngram:FILE, ngram-tree:FILE;
+    default: the one shipped for a built-in target) or the trained drafter's directory (trained:DIR; default: the
     one shipped for the target). self-q4 drafts with the target's own GGUF blocks (int8 activations)
     for the target running on its dequantised float weights (`target_on_blocks` False)."""
     from ..backends import make_backend
@@ -79,7 +80,7 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
         return PromptLookupTreeDrafter()
     if kind == "suffix":
         return SuffixDrafter()
-    if kind == "ngram":
+    if kind in ("ngram", "ngram-tree"):
         shipped = Path(__file__).parent.parent / "data" / f"{target.name}.bigram.npz"
         if not draft and shipped.is_file():
             draft = str(shipped)  # the bigram table shipped for a built-in target
@@ -93,7 +94,7 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
                 f"n-gram table {draft!r} was fitted for another tokenizer than {target.name!r}'s: "
                 f"refit it with `specdec ngram fit --target {target.name}`"
             )
-        return NGramDrafter(table)
+        return NGramTreeDrafter(table) if kind == "ngram-tree" else NGramDrafter(table)
     if kind == "model":
         if not draft:
             raise SpecdecError("the model drafter needs a draft model: model:NAME_OR_DIR")
