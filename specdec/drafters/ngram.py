@@ -13,8 +13,8 @@ came 5 twice, so from context [..., 5] with gamma=3 the drafter proposes [6, 5, 
 context), the likeliest nodes kept (and trimmed to what pays by gamma=auto, gamma.py).
 
 Files are NumPy .npz archives: for each order, the contexts, their `top_k` most frequent successors
-(-1 where a context had fewer) and their counts, plus a JSON header naming the tokenizer the ids
-belong to. Version 1 files (one successor, no counts) still load.
+(-1 where a context had fewer) and the share of the context's occurrences each took, plus a JSON
+header naming the tokenizer the ids belong to. Version 1 files (one successor, no shares) still load.
 """
 
 from __future__ import annotations
