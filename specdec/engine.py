@@ -327,7 +327,9 @@ class SpeculativeEngine:
                     proposal = proposal.first_chain()
                 trimmed = proposal.is_tree and proposal.scores is not None and spec.gamma == "auto"
                 if trimmed:  # the nodes worth their rows at the measured cost of positions
-                    proposal = proposal.top(policy.tree_nodes(proposal.scores.tolist(), time.perf_counter() - t0))
+                    value = policy.expected(proposal.scores.tolist(), depths(proposal.parents).tolist(),
+                                            proposal.parents.tolist())
+                    proposal = proposal.top(policy.tree_nodes(value, time.perf_counter() - t0), by=value)
                 if cap is not None:
                     proposal = proposal.top(cap)  # a tree's nodes count against the batch's rows too
                 t1 = time.perf_counter()
@@ -342,8 +344,10 @@ class SpeculativeEngine:
                 stats.draft_seconds += t1 - t0
                 stats.target_seconds += scoring
                 policy.observe(proposal.tokens.numel(), n, t1 - t0, scoring)
-                if trimmed:
-                    policy.observe_tree(float(proposal.scores.sum()), n)
+                if trimmed:  # the kept nodes (a trimmed tree may have become a chain)
+                    kept = (depths(proposal.parents) if proposal.is_tree
+                            else torch.arange(1, proposal.tokens.numel() + 1)).tolist()
+                    policy.observe_tree(proposal.scores.tolist(), kept, n)
 
                 new, stop = self.emitted(outcome.accepted, verdict.token, spec)
                 stats.record_round(proposal.tokens.numel(), n, verdict.beta, emitted=len(new),

@@ -15,10 +15,12 @@ c ~ 0.3 gives 0.
 
 A token tree whose drafter scores its nodes (Proposal.scores) is then trimmed to the size that
 pays (`tree_nodes`): of its nodes taken likeliest first, the n that maximise expected tokens a round,
-1 + r (s_1 + ... + s_n), over the round's time, draft + the measured cost of scoring n + 1 positions.
-A node's expected contribution to the accepted length is its chance to be accepted; the drafter's
-score estimates it, and r, the ratio of tokens accepted to tokens the kept nodes' scores promised in
-recent tree rounds, corrects the drafter's over- or under-confidence. Where positions cost what one
+1 + e_1 + ... + e_n, over the round's time, draft + the measured cost of scoring n + 1 positions.
+The accepted length is the sum over nodes of their chance to be accepted; a node's expected value
+e = r_d s is its score s (the drafter's estimate) times r_d, the ratio, in recent tree rounds, of
+rounds whose accepted path reached depth d to what the kept nodes at depth d promised
+(`expected`): drafters are over-confident deep in a tree (prompt lookup's matches agree on a long
+continuation the answer then leaves), and r_d learns by how much. Where positions cost what one
 does (flat), the whole tree is kept; where they cost more, only nodes likely enough to pay for their
 row (Sequoia and EAGLE-2 fit the tree to the hardware the same way).
 """
@@ -48,8 +50,8 @@ class GammaPolicy:
         self.probe_every = self.PROBE_EVERY
         self.one_position = [0, 0.0]  # rounds that scored one position, their total target seconds
         self.multi_sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # n, Σx, Σy, Σxx, Σxy of target seconds vs positions (>= 2)
-        self.tree_accepted = 1.0  # tokens accepted in scored tree rounds, and what their scores promised
-        self.tree_promised = 1.0
+        self.reached: list[float] = []  # by depth - 1: decayed count of tree rounds accepted that deep,
+        self.promised: list[float] = []  # and the decayed sum of the kept nodes' scores at that depth
 
     def next(self, limit: int) -> int:
         """Gamma for the coming round, at most `limit`."""
@@ -87,25 +89,41 @@ class GammaPolicy:
             seconds = sy / n
         return max(1.0, seconds / (total / rounds))
 
-    def tree_nodes(self, scores: list[float], draft_seconds: float) -> int:
-        """How many of a scored tree's nodes to score (Proposal.top), from its scores, the time
-        its drafting took and the measured cost of positions (module docstring); at least one."""
+    def expected(self, scores: list[float], depths: list[int], parents: list[int]) -> list[float]:
+        """Each node's expected contribution to the accepted length: its score times the measured
+        ratio at its depth (1 until measured), never more than its parent's."""
+        out: list[float] = []
+        for score, depth, parent in zip(scores, depths, parents):
+            ratio = (self.reached[depth - 1] + 1.0) / (self.promised[depth - 1] + 1.0) if depth <= len(self.reached) else 1.0
+            value = min(1.0, ratio * score)
+            out.append(value if parent < 0 else min(value, out[parent]))
+        return out
+
+    def tree_nodes(self, expected: list[float], draft_seconds: float) -> int:
+        """How many of a scored tree's nodes to score (Proposal.top), from their expected values, the
+        time its drafting took and the measured cost of positions (module docstring); at least one."""
         rounds, total = self.one_position
         step = total / rounds if rounds and total > 0 else None
-        draft = draft_seconds / step if step else self.c * len(scores)
-        ratio = self.tree_accepted / self.tree_promised
-        best, best_rate, expected = 1, 0.0, 1.0
-        for n, score in enumerate(sorted(scores, reverse=True), start=1):
-            expected += ratio * score
-            rate = expected / (draft + self.verify_cost(n))
+        draft = draft_seconds / step if step else self.c * len(expected)
+        best, best_rate, tokens = 1, 0.0, 1.0
+        for n, value in enumerate(sorted(expected, reverse=True), start=1):
+            tokens += value
+            rate = tokens / (draft + self.verify_cost(n))
             if rate > best_rate:
                 best, best_rate = n, rate
         return best
 
-    def observe_tree(self, promised: float, accepted: int) -> None:
-        """A scored tree round: its kept nodes' scores summed to `promised`; `accepted` were."""
-        self.tree_accepted = self.DECAY * self.tree_accepted + accepted
-        self.tree_promised = self.DECAY * self.tree_promised + promised
+    def observe_tree(self, scores: list[float], depths: list[int], accepted: int) -> None:
+        """A scored tree round: its kept nodes' scores and depths; the accepted path's length."""
+        deepest = max(depths, default=0)
+        while len(self.reached) < deepest:
+            self.reached.append(0.0)
+            self.promised.append(0.0)
+        for d in range(deepest):
+            self.reached[d] = self.DECAY * self.reached[d] + (1.0 if accepted > d else 0.0)
+            self.promised[d] = self.DECAY * self.promised[d]
+        for score, depth in zip(scores, depths):
+            self.promised[depth - 1] += score
 
     def observe(self, drafted: int, accepted: int, draft_seconds: float, target_seconds: float) -> None:
         positions = drafted + 1

@@ -3,6 +3,8 @@ speculation, and stops speculating where the measured cost and acceptance say it
 
 import random
 
+import pytest
+
 from specdec.config import SpecConfig
 from specdec.gamma import GammaPolicy
 
@@ -80,16 +82,21 @@ def test_probes_back_off_while_speculation_keeps_losing():
 def test_tree_size_follows_the_cost_of_positions():
     """A scored tree is trimmed to what pays: all of it where positions cost what one does, only
     its likeliest nodes where each costs a quarter step, fewer still once rounds show the drafter
-    promising more than it delivers."""
+    promising more at depth 2 than it delivers (a chain of 8 nodes here, one a depth)."""
     scores = [0.9, 0.8, 0.5, 0.3, 0.2, 0.1, 0.05, 0.05]
+    depths, parents = list(range(1, 9)), list(range(-1, 7))
     flat = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.0)
-    assert flat.tree_nodes(scores, draft_seconds=0.0) == len(scores)  # nothing measured: flat, as the paper
+    assert flat.expected(scores, depths, parents) == scores  # nothing measured: the scores as they are
+    assert flat.tree_nodes(scores, draft_seconds=0.0) == len(scores)  # nor the cost: flat, as the paper
     steep = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.0)
     steep.observe(0, 0, 0.0, 1.0)  # one position: 1 s; n positions: 0.75 + 0.25 n
     for positions in (3, 5, 9):
         steep.observe(positions - 1, 0, 0.0, 0.75 + 0.25 * positions)
     # (1 + Σs) / (1 + 0.25 n) peaks at 3 nodes: 3.2 / 1.75 against 2.7 / 1.5 and 3.5 / 2.0
-    assert steep.tree_nodes(scores, draft_seconds=0.0) == 3
-    for _ in range(30):  # the drafter promised 2 tokens a round and delivered none
-        steep.observe_tree(promised=2.0, accepted=0)
-    assert steep.tree_nodes(scores, draft_seconds=0.0) < 3
+    assert steep.tree_nodes(steep.expected(scores, depths, parents), draft_seconds=0.0) == 3
+    for _ in range(30):  # every round accepts the first node and never the second
+        steep.observe_tree(scores[:3], depths[:3], accepted=1)
+    value = steep.expected(scores, depths, parents)
+    assert value[0] == pytest.approx(1.0, abs=0.05) and value[1] < 0.1  # depth 1 delivers more, 2 less
+    assert all(later <= earlier for earlier, later in zip(value, value[1:]))  # never above the parent
+    assert steep.tree_nodes(value, draft_seconds=0.0) < 3

@@ -57,17 +57,18 @@ class Proposal:
             return self
         return self._select(list(range(n)))
 
-    def top(self, n: int) -> Proposal:
-        """A tree trimmed to at most n nodes by `scores`, the likeliest first, a node only with its
-        parent. Deterministic children (point masses) are kept or dropped one by one; sampled ones
-        (q given) a whole family at a time, in order of their parent's score: the rule that verifies
+    def top(self, n: int, by: list[float] | None = None) -> Proposal:
+        """A tree trimmed to at most n nodes by `scores` (or the values `by`, one a node, never more
+        than the parent's), the likeliest first, a node only with its parent. Deterministic children
+        (point masses) are kept or dropped one by one; sampled ones (q given) a whole family at a
+        time, in order of their parent's score: the rule that verifies
         them assumes a node's children are all its draws from q, whatever they drew, so their own
         values must not decide which stay. Without scores, or for a chain, the first n nodes (head).
         Exact as long as n does not depend on the target's output."""
         k = self.tokens.numel()
         if k <= n or self.parents is None or self.scores is None:
             return self.head(n)
-        parents, scores = self.parents.tolist(), self.scores.tolist()
+        parents, scores = self.parents.tolist(), self.scores.tolist() if by is None else list(by)
         kept: set[int] = set()
         if self.q is None:
             for node in sorted(range(k), key=lambda i: (-scores[i], i)):
