@@ -12,6 +12,7 @@ trimming keeps them) and plots accepted length and speedup against the tree size
 """
 
 import argparse
+import contextlib
 import statistics
 from unittest import mock
 
@@ -20,8 +21,8 @@ from specdec.gamma import GammaPolicy
 from specdec.prompts import task_prompts
 
 
-def whole_tree(self, scores, draft_seconds):
-    return len(scores)
+def whole_tree(self, expected, draft_seconds):
+    return len(expected)
 
 
 def spread(values: list[float]) -> str:
@@ -93,14 +94,9 @@ def main() -> None:
                     options = dict(max_new_tokens=args.tokens, temperature=temperature, seed=None)
                     plain = sd.generate(prompt.text, gamma=0, **options).stats.tokens_per_second
                     for arm in ("trimmed", "whole") if i % 2 == 0 else ("whole", "trimmed"):
-                        patch = mock.patch.object(GammaPolicy, "tree_nodes", whole_tree) if arm == "whole" else None
-                        if patch:
-                            patch.start()
-                        try:
+                        whole = mock.patch.object(GammaPolicy, "tree_nodes", whole_tree)
+                        with whole if arm == "whole" else contextlib.nullcontext():
                             stats = sd.generate(prompt.text, **options).stats
-                        finally:
-                            if patch:
-                                patch.stop()
                         rounds = stats.rounds_with_draft or 1
                         arms[arm].append((stats.tokens_per_second / plain, stats.tau or 1.0, stats.drafted / rounds))
                 cells = []

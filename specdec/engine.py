@@ -327,7 +327,7 @@ class SpeculativeEngine:
                     proposal = proposal.first_chain()
                 trimmed = proposal.is_tree and proposal.scores is not None and spec.gamma == "auto"
                 if trimmed:  # the nodes worth their rows at the measured cost of positions
-                    value = policy.expected(proposal.scores.tolist(), depths(proposal.parents).tolist(),
+                    value = policy.expected(proposal.scores.tolist(), proposal.depths().tolist(),
                                             proposal.parents.tolist())
                     proposal = proposal.top(policy.tree_nodes(value, time.perf_counter() - t0), by=value)
                 if cap is not None:
@@ -345,9 +345,7 @@ class SpeculativeEngine:
                 stats.target_seconds += scoring
                 policy.observe(proposal.tokens.numel(), n, t1 - t0, scoring)
                 if trimmed:  # the kept nodes (a trimmed tree may have become a chain)
-                    kept = (depths(proposal.parents) if proposal.is_tree
-                            else torch.arange(1, proposal.tokens.numel() + 1)).tolist()
-                    policy.observe_tree(proposal.scores.tolist(), kept, n)
+                    policy.observe_tree(proposal.scores.tolist(), proposal.depths().tolist(), n)
 
                 new, stop = self.emitted(outcome.accepted, verdict.token, spec)
                 stats.record_round(proposal.tokens.numel(), n, verdict.beta, emitted=len(new),

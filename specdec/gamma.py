@@ -77,9 +77,9 @@ class GammaPolicy:
         one-position round. A pass of two or more rows is its own regime (a matrix product instead
         of matrix-vector ones on most CPU paths), hence the line leaves one position out. Until
         both are measured, scoring is assumed to cost one step, as the paper assumes."""
-        rounds, total = self.one_position
+        step = self.step_seconds()
         n, sx, sy, sxx, sxy = self.multi_sums
-        if gamma == 0 or not rounds or not n or total <= 0:
+        if gamma == 0 or step is None or not n:
             return 1.0
         spread = n * sxx - sx * sx
         if n >= 3 and spread > 0:
@@ -87,7 +87,12 @@ class GammaPolicy:
             seconds = (sy - slope * sx) / n + slope * (gamma + 1)
         else:
             seconds = sy / n
-        return max(1.0, seconds / (total / rounds))
+        return max(1.0, seconds / step)
+
+    def step_seconds(self) -> float | None:
+        """The mean time of a round that scored one position; None until one has."""
+        rounds, total = self.one_position
+        return total / rounds if rounds and total > 0 else None
 
     def expected(self, scores: list[float], depths: list[int], parents: list[int]) -> list[float]:
         """Each node's expected contribution to the accepted length: its score times the measured
@@ -102,8 +107,7 @@ class GammaPolicy:
     def tree_nodes(self, expected: list[float], draft_seconds: float) -> int:
         """How many of a scored tree's nodes to score (Proposal.top), from their expected values, the
         time its drafting took and the measured cost of positions (module docstring); at least one."""
-        rounds, total = self.one_position
-        step = total / rounds if rounds and total > 0 else None
+        step = self.step_seconds()
         draft = draft_seconds / step if step else self.c * len(expected)
         best, best_rate, tokens = 1, 0.0, 1.0
         for n, value in enumerate(sorted(expected, reverse=True), start=1):
@@ -138,7 +142,6 @@ class GammaPolicy:
         tested = min(accepted + 1, drafted)
         self.accepted = self.DECAY * self.accepted + accepted
         self.tested = self.DECAY * self.tested + tested
-        rounds, total = self.one_position
-        step = total / rounds if rounds and total > 0 else target_seconds  # c is per target *step*
+        step = self.step_seconds() or target_seconds  # c is per target *step*
         if step > 0:
             self.c = 0.8 * self.c + 0.2 * (draft_seconds / drafted) / step

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import SamplingParams
+from ..modeling.tree import chain, depths
 
 
 @dataclass
@@ -95,9 +96,19 @@ class Proposal:
             return Proposal(self.tokens[pick], q, None, scores)
         renumber = {old: new for new, old in enumerate(index)}
         parents = torch.tensor([renumber.get(int(self.parents[i]), -1) for i in index], dtype=torch.long)
-        if bool((parents == torch.arange(-1, len(index) - 1)).all()):
-            parents = None  # one path: a chain, which runs on the fast path
-        return Proposal(self.tokens[pick], q, parents, scores)
+        return Proposal.tree(self.tokens[pick], parents, q, scores)
+
+    def depths(self) -> torch.Tensor:
+        """(k,) each token's depth: 1..k along a chain, a tree's node depths."""
+        return torch.arange(1, self.tokens.numel() + 1) if self.parents is None else depths(self.parents)
+
+    @staticmethod
+    def tree(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Tensor | None = None,
+             scores: torch.Tensor | None = None) -> Proposal:
+        """A token tree, or the chain it is when it is one path (chains run on the fast path)."""
+        if torch.equal(parents, chain(parents.numel())):
+            parents = None
+        return Proposal(tokens, q, parents, scores)
 
     @staticmethod
     def empty() -> Proposal:

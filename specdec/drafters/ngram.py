@@ -182,7 +182,5 @@ class NGramTreeDrafter(NGramDrafter):
             frontier = sorted(level, key=lambda node: -scores[node])[: self.beam]
         if not tokens:
             return Proposal.empty()
-        if parents == list(range(-1, len(tokens) - 1)):
-            return Proposal(torch.tensor(tokens, dtype=torch.long))  # one path: a chain
-        return Proposal(torch.tensor(tokens, dtype=torch.long), None, torch.tensor(parents, dtype=torch.long),
-                        torch.tensor(scores))
+        return Proposal.tree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long),
+                             scores=torch.tensor(scores))

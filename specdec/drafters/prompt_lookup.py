@@ -115,10 +115,8 @@ class PromptLookupTreeDrafter(PromptLookupDrafter):
         index = {path: i for i, path in enumerate(nodes)}
         tokens = torch.tensor([path[-1] for path in nodes], dtype=torch.long)
         parents = torch.tensor([index[path[:-1]] if len(path) > 1 else -1 for path in nodes], dtype=torch.long)
-        if bool((parents == torch.arange(-1, len(nodes) - 1)).all()):
-            return Proposal(tokens)  # one continuation: a chain (which runs on the fast path)
         shares = torch.tensor([support[path][0] / len(continuations) for path in nodes])  # of the matches, how many go on so
-        return Proposal(tokens, parents=parents, scores=shares)
+        return Proposal.tree(tokens, parents, scores=shares)  # one continuation: a chain
 
 
 class AutoPromptLookup(PromptLookupTreeDrafter):
