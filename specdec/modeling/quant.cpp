@@ -225,65 +225,187 @@ SPECDEC_AVX2 void tile_factored(const float* x, const float* xsum, const uint8_t
 }
 
 // Activations quantised per row and group of 32 (what llama.cpp's Q8 dot products take): x ~ d q with
-// d = max|x| / 127 and q = round(x / d) in int8, plus the sum of each group's q (for Q4_1's and Q4_K's
-// offsets). A row's codes depend on that row alone.
+// d = max|x| / 127 and q = round(x / d) in int8 (ties to even), and s = d * (sum of the group's q), for
+// the types whose weights have an offset. A row's groups are padded with zeros to a multiple of 8 (the
+// tile reads 8 groups at a time); a row's codes depend on that row alone.
 struct Int8Rows {
-  std::vector<int8_t> q;
-  std::vector<float> d;
-  std::vector<int32_t> sum;
+  int64_t groups;         // a row's groups, padded to a multiple of 8
+  std::vector<int8_t> q;  // (M, groups, 32)
+  std::vector<float> d;   // (M, groups)
+  std::vector<float> s;   // (M, groups)
 };
 
-Int8Rows quantize_rows(const float* x, int64_t M, int64_t K) {
-  const int64_t groups = M * K / QK;
-  Int8Rows out{std::vector<int8_t>(M * K), std::vector<float>(groups), std::vector<int32_t>(groups)};
-  for (int64_t i = 0; i < groups; ++i) {
-    const float* v = x + i * QK;
-    float amax = 0.f;
-    for (int64_t j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(v[j]));
-    const float inverse = amax > 0.f ? 127.f / amax : 0.f;
-    int32_t sum = 0;
-    for (int64_t j = 0; j < QK; ++j) {
-      const int q = static_cast<int>(std::nearbyint(v[j] * inverse));
-      out.q[i * QK + j] = static_cast<int8_t>(std::clamp(q, -127, 127));
-      sum += out.q[i * QK + j];
+SPECDEC_AVX2 Int8Rows quantize_rows(const float* x, int64_t M, int64_t K) {
+  const int64_t G = K / QK, P = (G + 7) / 8 * 8;
+  Int8Rows out{P, std::vector<int8_t>(M * P * QK, 0), std::vector<float>(M * P, 0.f), std::vector<float>(M * P, 0.f)};
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packs interleaves 128-bit halves
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < G; ++g) {
+      const float* v = x + m * K + g * QK;
+      __m256 part[4], amax = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) {
+        part[i] = _mm256_loadu_ps(v + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_and_ps(part[i], magnitude));
+      }
+      __m128 top = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+      top = _mm_max_ps(top, _mm_movehl_ps(top, top));
+      const float largest = _mm_cvtss_f32(_mm_max_ss(top, _mm_movehdup_ps(top)));
+      const __m256 inverse = _mm256_set1_ps(largest > 0.f ? 127.f / largest : 0.f);
+      __m256i codes[4];
+      for (int i = 0; i < 4; ++i)  // round to nearest even, as std::nearbyint; |x / d| <= 127 (+ rounding)
+        codes[i] = _mm256_min_epi32(_mm256_set1_epi32(127),
+                                    _mm256_max_epi32(_mm256_set1_epi32(-127),
+                                                     _mm256_cvtps_epi32(_mm256_mul_ps(part[i], inverse))));
+      __m256i total = _mm256_add_epi32(_mm256_add_epi32(codes[0], codes[1]), _mm256_add_epi32(codes[2], codes[3]));
+      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+      const __m256i bytes = _mm256_permutevar8x32_epi32(
+          _mm256_packs_epi16(_mm256_packs_epi32(codes[0], codes[1]), _mm256_packs_epi32(codes[2], codes[3])), order);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + (m * P + g) * QK), bytes);
+      out.d[m * P + g] = largest / 127.f;
+      out.s[m * P + g] = out.d[m * P + g] * static_cast<float>(_mm_cvtsi128_si32(t));
     }
-    out.d[i] = amax / 127.f;
-    out.sum[i] = sum;
+  return out;
+}
+
+// The sums of eight int32 vectors' lanes: lane j of the result is the sum of v[j]'s eight lanes.
+SPECDEC_AVX2 inline __m256i lane_sums(const __m256i v[8]) {
+  const __m256i low = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const __m256i high = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  // low: v[0..3]'s sums of lanes 0-3, then of lanes 4-7; high: the same for v[4..7]
+  return _mm256_add_epi32(_mm256_permute2x128_si256(low, high, 0x20), _mm256_permute2x128_si256(low, high, 0x31));
+}
+
+// lane_sums when v[4..7] are zero: lanes 4-7 of the result are zero.
+SPECDEC_AVX2 inline __m256i lane_sums4(const __m256i v[8]) {
+  const __m256i sums = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  return _mm256_zextsi128_si256(_mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1)));
+}
+
+// A group of 32 weights as int8 products take them: maddubs multiplies unsigned bytes (magnitude) by
+// signed ones (the activations, given sign's signs for Q8_0 and Q6_K: the sign trick), madd then sums
+// pairs times multiplier (1, or Q6_K's integer scale of each 16 weights); w = a q + b.
+template <int64_t KIND>
+struct Int8Group {
+  __m256i magnitude, sign, multiplier;
+  float a, b;
+};
+
+template <int64_t KIND>
+SPECDEC_AVX2 inline Int8Group<KIND> int8_codes(const uint8_t* row, int64_t g) {
+  const Group<KIND> group = codes<KIND>(row, g);
+  Int8Group<KIND> out{group.q, group.q, _mm256_set1_epi16(1), group.a0, group.b0};
+  if constexpr (KIND == Q8_0) {
+    out.magnitude = _mm256_sign_epi8(group.q, group.q);
+  } else if constexpr (KIND == Q6_K) {  // w = d sc (q - 32): a = d, the scales go into madd
+    const uint8_t* block = row + (g / 8) * 210;
+    const auto* scales = reinterpret_cast<const int8_t*>(block + 192);
+    const int index = 8 * (static_cast<int>(g % 8) / 4) + 2 * static_cast<int>(g % 4);
+    out.sign = _mm256_sub_epi8(group.q, _mm256_set1_epi8(32));
+    out.magnitude = _mm256_sign_epi8(out.sign, out.sign);
+    out.multiplier = _mm256_set_m128i(_mm_set1_epi16(scales[index + 1]), _mm_set1_epi16(scales[index]));
+    out.a = half(block + 208), out.b = 0.f;
   }
   return out;
 }
 
-// tile() on int8 activations: integer dot products of codes and activations (maddubs, 32 products a
-// group in two instructions), scaled by the group's a and the row's d. Q4_0, Q5_0 and Q6_K codes are
-// shifted to signed (q - 8, - 16, - 32) so w = a q; Q4_1 and Q4_K keep w = a q + b, b times the
-// group's activation sum.
+// The integer sum of a group's 32 products with a row's activations, in 8 int32 lanes (exact).
+template <int64_t KIND>
+SPECDEC_AVX2 inline __m256i int8_dot(const Int8Group<KIND>& group, const int8_t* xq) {
+  __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  if constexpr (KIND == Q8_0 || KIND == Q6_K) v = _mm256_sign_epi8(v, group.sign);
+  const __m256i pairs = _mm256_maddubs_epi16(group.magnitude, v);
+  if constexpr (KIND == Q6_K) return _mm256_madd_epi16(pairs, group.multiplier);
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+// One row's part of groups c .. c + LIVE - 1 (LIVE <= 8; lanes past LIVE stay zero) in its accumulator:
+// the groups' integer sums side by side (lane j: group c + j), times each group's a and the row's d, and
+// the offsets b s. av, bv: the groups' a and b.
+template <int64_t KIND, int64_t LIVE>
+SPECDEC_AVX2 inline __m256 int8_accumulate(const __m256i dots[8], __m256 av, __m256 bv, const Int8Rows& x, int64_t i,
+                                           __m256 acc) {
+  const __m256 sums = _mm256_cvtepi32_ps(LIVE > 4 ? lane_sums(dots) : lane_sums4(dots));
+  acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(av, _mm256_loadu_ps(x.d.data() + i)), acc);
+  return _mm256_fmadd_ps(bv, _mm256_loadu_ps(x.s.data() + i), acc);
+}
+
+SPECDEC_AVX2 inline __m256 vector8(const float v[8]) {
+  return _mm256_setr_ps(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+}
+
+// Groups c .. c + LIVE - 1 of output row `row` for rows r0 .. r0 + R - 1 of x. One row takes each group's
+// codes straight into its product; several rows unpack the groups once and share them.
+template <int64_t KIND, int64_t R, int64_t LIVE>
+SPECDEC_AVX2 inline void int8_chunk(const Int8Rows& x, const uint8_t* row, int64_t c, int64_t r0, __m256 acc[R]) {
+  float a[8] = {}, b[8] = {};
+  __m256i dots[8];
+  for (int64_t j = LIVE; j < 8; ++j) dots[j] = _mm256_setzero_si256();
+  if constexpr (R == 1) {
+    const int64_t i = r0 * x.groups + c;
+    for (int64_t j = 0; j < LIVE; ++j) {
+      const Int8Group<KIND> group = int8_codes<KIND>(row, c + j);
+      a[j] = group.a, b[j] = group.b;
+      dots[j] = int8_dot<KIND>(group, x.q.data() + (i + j) * QK);
+    }
+    acc[0] = int8_accumulate<KIND, LIVE>(dots, vector8(a), vector8(b), x, i, acc[0]);
+  } else {
+    Int8Group<KIND> groups[LIVE];
+    for (int64_t j = 0; j < LIVE; ++j) {
+      groups[j] = int8_codes<KIND>(row, c + j);
+      a[j] = groups[j].a, b[j] = groups[j].b;
+    }
+    const __m256 av = vector8(a), bv = vector8(b);
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t i = (r0 + r) * x.groups + c;
+      for (int64_t j = 0; j < LIVE; ++j) dots[j] = int8_dot<KIND>(groups[j], x.q.data() + (i + j) * QK);
+      acc[r] = int8_accumulate<KIND, LIVE>(dots, av, bv, x, i, acc[r]);
+    }
+  }
+}
+
+// tile() on int8 activations. Each group's products of codes and activations are summed as integers
+// (maddubs, then madd: exact). The types with an offset (Q4_0, Q4_1, Q5_0, Q4_K: w = a q + b, codes
+// 0..31) take 8 groups at a time: their integer sums side by side in one vector (lane j: group c + j),
+// times each group's a and the row's d, plus b s, added up lane by lane (the offsets cost one FMA for 8
+// groups). Q8_0 and Q6_K have signed codes (Q6_K's q - 32), taken with the sign trick (|q| times x with
+// q's sign), and no offset: each group's 8 lanes of sums are scaled by a d and added up as they come;
+// Q6_K's integer scale of each 16 weights multiplies in madd (its a is the superblock's d). Every step
+// after the integer sums is lane-wise and a row's groups always fill the same lanes, so a row's result
+// does not depend on the tile.
 template <int64_t KIND, int64_t R>
 SPECDEC_AVX2 void tile_int8(const Int8Rows& x, const uint8_t* w, float* out, int64_t K, int64_t N, int64_t r0,
                             int64_t n0, int64_t n1) {
-  constexpr bool OFFSET = KIND == Q4_1 || KIND == Q4_K;
-  constexpr int SHIFT = KIND == Q4_0 ? 8 : KIND == Q5_0 ? 16 : KIND == Q6_K ? 32 : 0;
-  const int64_t groups = K / QK, row_bytes = K / block_weights(KIND) * block_bytes(KIND);
-  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t G = K / QK, row_bytes = K / block_weights(KIND) * block_bytes(KIND);
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = w + n * row_bytes;
     __m256 acc[R];
-    float offset[R];
-    for (int64_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), offset[r] = 0.f;
-    for (int64_t g = 0; g < groups; ++g) {
-      const Group<KIND> c = codes<KIND>(row, g);
-      __m256i q = SHIFT ? _mm256_sub_epi8(c.q, _mm256_set1_epi8(SHIFT)) : c.q;
-      const __m256i magnitude = OFFSET ? q : _mm256_sign_epi8(q, q);
-      const __m256 a = _mm256_set_m128(_mm_set1_ps(c.a1), _mm_set1_ps(c.a0));  // lanes 0-3: weights 0-15
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t i = (r0 + r) * groups + g;
-        __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q.data() + i * QK));
-        if constexpr (!OFFSET) xq = _mm256_sign_epi8(xq, q);
-        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xq), ones);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(a, _mm256_set1_ps(x.d[i])), acc[r]);
-        if constexpr (OFFSET) offset[r] = std::fma(c.b0 * x.d[i], static_cast<float>(x.sum[i]), offset[r]);
+    for (int64_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    if constexpr (KIND == Q8_0 || KIND == Q6_K) {
+      for (int64_t g = 0; g < G; ++g) {
+        const Int8Group<KIND> group = int8_codes<KIND>(row, g);
+        for (int64_t r = 0; r < R; ++r) {
+          const int64_t i = (r0 + r) * x.groups + g;
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(int8_dot<KIND>(group, x.q.data() + i * QK)),
+                                   _mm256_set1_ps(group.a * x.d[i]), acc[r]);
+        }
+      }
+    } else {
+      int64_t c = 0;
+      for (; c + 8 <= G; c += 8) int8_chunk<KIND, R, 8>(x, row, c, r0, acc);
+      switch (G - c) {  // the last groups, fewer than 8
+        case 7: int8_chunk<KIND, R, 7>(x, row, c, r0, acc); break;
+        case 6: int8_chunk<KIND, R, 6>(x, row, c, r0, acc); break;
+        case 5: int8_chunk<KIND, R, 5>(x, row, c, r0, acc); break;
+        case 4: int8_chunk<KIND, R, 4>(x, row, c, r0, acc); break;
+        case 3: int8_chunk<KIND, R, 3>(x, row, c, r0, acc); break;
+        case 2: int8_chunk<KIND, R, 2>(x, row, c, r0, acc); break;
+        case 1: int8_chunk<KIND, R, 1>(x, row, c, r0, acc); break;
       }
     }
-    for (int64_t r = 0; r < R; ++r) out[(r0 + r) * N + n] = hsum(acc[r]) + offset[r];
+    for (int64_t r = 0; r < R; ++r) out[(r0 + r) * N + n] = hsum(acc[r]);
   }
 }
 
