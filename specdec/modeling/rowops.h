@@ -96,18 +96,27 @@ SPECDEC_AVX2 inline float dot(const float* a, const float* b, int64_t n) {
 }
 
 // One query against keys [lo, end) of one KV head: out = softmax(scale q.k_j over allowed j) . v.
+// The allowed keys are taken in order and numbered from 0 (slots: where each sits), and that number, not
+// the slot, decides which lane of the exponentials' sum a key joins: a query then gets the same numbers
+// whether its context sits in consecutive slots (one position, a chain) or has a tree's other branches
+// between (masked out), so a tree's accepted path scores what plain decoding scores, to the bit.
 SPECDEC_AVX2 void attend_one(const float* q, const float* keys, const float* values, const bool* allowed,
-                             int64_t count, int64_t hd, float scale, float* out, std::vector<float>& scores) {
+                             int64_t count, int64_t hd, float scale, float* out, std::vector<float>& scores,
+                             std::vector<int64_t>& slots) {
   scores.resize(count + 8);
+  if (allowed != nullptr) slots.resize(count);
   float top = -INFINITY;
+  int64_t n = 0;
   for (int64_t j = 0; j < count; ++j) {
-    scores[j] = (allowed == nullptr || allowed[j]) ? dot(q, keys + j * hd, hd) * scale : -INFINITY;
-    top = std::max(top, scores[j]);
+    if (allowed != nullptr && !allowed[j]) continue;
+    if (allowed != nullptr) slots[n] = j;
+    scores[n] = dot(q, keys + j * hd, hd) * scale;
+    top = std::max(top, scores[n++]);
   }
-  for (int64_t j = count; j < count + 8; ++j) scores[j] = -INFINITY;  // padding for the last vector
+  for (int64_t j = n; j < n + 8; ++j) scores[j] = -INFINITY;  // padding for the last vector
   const __m256 shift = _mm256_set1_ps(top);
   __m256 total = _mm256_setzero_ps();
-  for (int64_t j = 0; j < count; j += 8) {
+  for (int64_t j = 0; j < n; j += 8) {
     const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores.data() + j), shift));
     _mm256_storeu_ps(scores.data() + j, e);
     total = _mm256_add_ps(total, e);
@@ -115,8 +124,10 @@ SPECDEC_AVX2 void attend_one(const float* q, const float* keys, const float* val
   const float norm = 1.f / hsum(total);
   for (int64_t i = 0; i < hd; i += 8) {
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t j = 0; j < count; ++j)
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]), _mm256_loadu_ps(values + j * hd + i), acc);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t slot = allowed != nullptr ? slots[j] : j;
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]), _mm256_loadu_ps(values + slot * hd + i), acc);
+    }
     _mm256_storeu_ps(out + i, _mm256_mul_ps(acc, _mm256_set1_ps(norm)));
   }
 }
@@ -190,11 +201,12 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::T
   const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, count));
   at::parallel_for(0, n_heads * T, grain, [&](int64_t u0, int64_t u1) {
     std::vector<float> scores;
+    std::vector<int64_t> slots;
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t h = u / T, t = u % T, g = h / group;
       attend_one(qp + h * q.stride(1) + t * q.stride(2), kc + (g * capacity + lo) * hd, vc + (g * capacity + lo) * hd,
                  mp ? mp + t * count : nullptr, count, hd, static_cast<float>(scale), op + (t * n_heads + h) * hd,
-                 scores);
+                 scores, slots);
     }
   });
   return out;
