@@ -52,8 +52,8 @@ class SpecDec:
     backend: auto (the lean forward pass where the architecture is known, else transformers),
     lean or transformers.
     weights: auto, gguf, gguf-int8 or float (config.WEIGHTS): whether a built-in target's linear layers
-    read the GGUF file's own blocks, and with which activations (the self-q4 drafter needs the target
-    on float weights: auto then means float).
+    read the GGUF file's own blocks, and with which activations (auto: int8 where the blocks run; the
+    self-q4 drafter needs the target on float weights: auto then means float).
     """
 
     def __init__(self, target: str = "smollm2-135m", drafter: str = "auto", dtype: str = "auto", device: str = "cpu",

@@ -33,7 +33,9 @@ def test_bench_quick_writes_rows_table_and_plots(tiny_dirs, prompts_file, tmp_pa
             assert 0 <= r["alpha"] <= 1 and r["tau"] >= 1 and r["c"] >= 0 and r["predicted_speedup"] > 0
             assert r["identical_to_plain"] == 2  # float32 greedy: speculative = plain, token for token
     table = (out / "table.md").read_text()
-    assert table.startswith("| task | method | T | γ | α |") and table.count("\n") == len(rows) + 2
+    assert table.startswith("| task | method | T | γ | α |") and table.count("\n") == len(rows) + 4
+    path = {r["path"] for r in rows if r["method"] == "plain"}.pop()  # which arithmetic ran, said once
+    assert path.startswith("lean") and table.endswith(f"\nspecdec ran on: {path}\n")
     for png in ("speedup_vs_gamma.png", "alpha.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -60,8 +60,8 @@ def test_main_job_cli_compare_json():
     from specdec.modeling import kernels, quant
 
     # auto picks the lean forward pass for Llama: in bf16 on kernels.cpp where they build, else on the
-    # GGUF file's blocks (quant.cpp, AVX2), else float32 on oneDNN
-    assert out["stats"]["path"] == ("lean+kernels" if kernels.load() else "lean+gguf" if quant.load() else "lean")
+    # GGUF file's blocks with int8 activations (quant.cpp, AVX2), else float32 on oneDNN
+    assert out["stats"]["path"] == ("lean+kernels" if kernels.load() else "lean+gguf-int8" if quant.load() else "lean")
     assert out["stats"]["new_tokens"] > 0 and out["baseline"]["stats"]["new_tokens"] > 0
     assert out["speedup"] > 0
     assert out["stats"]["accepted"] > 0  # the answer quotes the code, so prompt lookup must hit

@@ -81,10 +81,11 @@ def choose_weights(choice: str, gguf_path: Path | None, dtype: torch.dtype, dtyp
                    asked_by: str | None = None) -> Path | None:
     """The GGUF file the lean backend should read its weights from, or None for float weights.
 
-    `auto` takes the blocks only where they were measured faster than the float path: float32
-    activations chosen by --dtype auto (a CPU without AVX-512 BF16, where kernels.cpp cannot run),
-    the lean backend, a built-in GGUF target and a CPU that runs quant.cpp. `gguf` and `gguf-int8`
-    insist, and say what stands in the way (naming `asked_by`, e.g. a drafter that needs the blocks)."""
+    `auto` takes the blocks (with int8 activations: target_backend) only where they were measured
+    faster than the float path: float32 activations chosen by --dtype auto (a CPU without AVX-512
+    BF16, where kernels.cpp cannot run), the lean backend, a built-in GGUF target and a CPU that runs
+    quant.cpp. `gguf` and `gguf-int8` insist, and say what stands in the way (naming `asked_by`, e.g. a
+    drafter that needs the blocks)."""
     if choice not in WEIGHTS:
         raise SpecdecError(f"unknown --weights {choice!r}: use {', '.join(WEIGHTS)}")
     if choice == "float":

@@ -28,6 +28,9 @@ def markdown_table(rows: list[dict]) -> str:
             f"| {_f(r.get('predicted_speedup_measured_cost'))}× | {_f(r['tokens_per_s'], '.1f')} "
             f"| {_f(r.get('e2e_tokens_per_s'), '.1f')} | {ident} "
             f"| {r['peak_rss_mb']:.0f} |")
+    paths = sorted({r["path"] for r in rows if r.get("path")})
+    if paths:  # which arithmetic specdec's rows ran (e.g. lean+gguf-int8: the GGUF blocks, int8 activations)
+        lines += ["", f"specdec ran on: {', '.join(paths)}"]
     return "\n".join(lines) + "\n"
 
 

@@ -149,7 +149,7 @@ def _run_one(name, key, gamma, prompt, p_index, ids, sampling, config, plain_eng
                 "e2e_tps": s.new_tokens / e2e if e2e else None,
                 "target_calls": s.target_calls, "drafted": s.drafted, "accepted": s.accepted, "rejections": s.rejections,
                 "beta_sum": s.beta_sum, "beta_count": s.beta_count, "draft_seconds": s.draft_seconds,
-                "target_seconds": s.target_seconds, "rounds_with_draft": s.rounds_with_draft,
+                "target_seconds": s.target_seconds, "rounds_with_draft": s.rounds_with_draft, "path": s.path,
                 "peak_rss_mb": _peak_rss_mb()}
     extra = {}
     if key == "hf-pl":
@@ -180,6 +180,8 @@ def aggregate(runs: list[dict], config: BenchConfig) -> list[dict]:
                "e2e_tokens_per_s": statistics.median(e2e), "e2e_tokens_per_s_range": [min(e2e), max(e2e)],
                "speedup": _summary(speedups), "peak_rss_mb": max(r["peak_rss_mb"] for r in items),
                "new_tokens": sum(len(r["tokens"]) for r in items)}
+        if items[0].get("path"):
+            row["path"] = items[0]["path"]
         if temperature == 0:
             row["identical_to_plain"] = sum(r["tokens"] == b["tokens"] for r, b in zip(items, base))
         if "drafted" in items[0] and method != "plain":
