@@ -92,6 +92,8 @@ class Report:
     drafter: str
     dtype: str
     sampling: dict
+    path: str = ""
+    """The numeric path the target ran (e.g. lean+gguf-int8): exactness is relative to it."""
     checks: list[Check] = field(default_factory=list)
 
     @property
@@ -106,12 +108,14 @@ class Report:
         return max(values) if values else None
 
     def to_dict(self) -> dict:
-        return {"target": self.target, "drafter": self.drafter, "dtype": self.dtype, "sampling": self.sampling,
+        return {"target": self.target, "path": self.path, "drafter": self.drafter, "dtype": self.dtype,
+                "sampling": self.sampling,
                 "passed": self.passed, "detectable_tv": self.detectable_tv,
                 "checks": [c.to_dict() for c in self.checks]}
 
     def to_text(self) -> str:
-        out = [f"specdec verify: target {self.target}, drafter {self.drafter}, dtype {self.dtype}, "
+        on = f" on {self.path}" if self.path else ""
+        out = [f"specdec verify: target {self.target}{on}, drafter {self.drafter}, dtype {self.dtype}, "
                f"sampling {self.sampling}"]
         for c in self.checks:
             out.append(f"[{'PASS' if c.passed else 'FAIL'}] {c.name}")
@@ -337,7 +341,7 @@ def run_conformance(target_name: str, dtype: torch.dtype, plain, spec, backend, 
                     {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                      "gamma": gamma, "k": settings.k, "samples": settings.samples,
                      "plain_samples": settings.plain_samples, "long_runs": settings.long_runs,
-                     "long_tokens": settings.long_tokens, "alpha": settings.alpha})
+                     "long_tokens": settings.long_tokens, "alpha": settings.alpha}, path=backend.path)
     stats: list = []
     if sampling.greedy:
         report.checks.append(Check("distribution", True, ["temperature 0: the law is a point mass; see greedy parity"]))
