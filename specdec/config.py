@@ -32,7 +32,7 @@ WEIGHTS = ("auto", "gguf", "gguf-int8", "float")
 """--weights: where a built-in (GGUF) target's linear layers read their weights. gguf: the file's own
 4/8-bit blocks (backends/gguf.py) times float32 activations, the float model's exact weights; gguf-int8:
 the blocks times activations quantised to int8 per 32 (llama.cpp's arithmetic: faster at every row count,
-and a slightly different model: perplexity +0.3-0.4 %); float: the dequantised weights in --dtype; auto:
+and a slightly different model: perplexity +0-0.5 %); float: the dequantised weights in --dtype; auto:
 gguf-int8 where it was measured faster (float32 activations chosen by --dtype auto, the lean backend,
 quant.cpp runs), else float."""
 

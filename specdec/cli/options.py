@@ -52,7 +52,7 @@ def add_model_args(parser: argparse.ArgumentParser, drafter: bool = True, repeat
     parser.add_argument("--weights", default="auto", choices=WEIGHTS,
                         help="a built-in target's linear layers: gguf (the file's own 4/8-bit blocks, float32 "
                              "activations: the float model's exact weights), gguf-int8 (activations quantised to "
-                             "int8 per 32 as llama.cpp does: faster, perplexity +0.4 %%), float (dequantised, in --dtype), "
+                             "int8 per 32 as llama.cpp does: faster, perplexity +0-0.5 %%), float (dequantised, in --dtype), "
                              "auto (gguf-int8 where measured faster: --dtype auto giving float32, the lean "
                              "backend; default)")
 
