@@ -249,6 +249,33 @@ def test_a_layer_in_one_call_is_the_layer_as_ops_to_the_bit(kernels, arch):
     assert torch.equal(trees[0], trees[1])
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("int8", [False, True], ids=["float-activations", "int8-activations"])
+def test_several_sequences_in_one_call_equal_each_alone_to_the_bit(kernels, arch, int8, monkeypatch):
+    """A pass of several sequences (a position, a chain, a tree) takes quant.cpp's layer call once per
+    layer for all of them, and each sequence's logits are what it gets alone."""
+    from specdec.backends.base import Step
+
+    model = tiny(arch)
+    backend = LeanBackend(model, gguf=quantised_twin(model, ALL_Q4_1), int8_activations=int8)
+    calls = []
+    step = backend.decoder.layer_step
+    monkeypatch.setattr(backend.decoder, "layer_step", lambda *a: calls.append(len(a[-1])) or step(*a))
+    g = torch.Generator().manual_seed(9)
+    contexts = [torch.randint(0, 40, (n,), generator=g) for n in (11, 19, 6)]
+    steps = [Step(torch.tensor([5])), Step(torch.tensor([7, 8, 9])),
+             Step(torch.tensor([3, 4, 5, 6]), parents=torch.tensor([-1, -1, 0]))]
+    sequences = [backend.fork() for _ in contexts]
+    for sequence, context in zip(sequences, contexts):
+        sequence.prefill(context)
+    together = backend.forward_many(list(zip(sequences, steps)))
+    assert calls and set(calls) == {3}  # one call a layer, three sequences in it
+    for sequence, context, s, logits in zip(sequences, contexts, steps, together):
+        sequence.rollback(len(context))
+        alone = sequence.forward(s.ids) if s.parents is None else sequence.forward_tree(s.ids, s.parents)
+        assert torch.equal(alone, logits)
+
+
 @pytest.mark.parametrize("kinds", [ALL_Q4_1, MIXED], ids=["layers-in-one-call", "mixed"])
 def test_batched_generations_on_blocks_equal_each_alone(kernels, kinds):
     model = tiny("llama")

@@ -31,7 +31,8 @@ KERNEL_ROWS = 16
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 LayerStep = Callable[..., torch.Tensor]
-"""(layer index, h (T, d), cos, sin, k cache, v cache, start, lo, visible) -> h after that layer."""
+"""(layer index, h (T, d), cos, sin, the sequences as [(k cache, v cache, start, lo, visible, rows)]) -> h
+after that layer: each sequence's rows in turn in h, cos and sin."""
 
 
 @dataclass(frozen=True)
@@ -205,8 +206,8 @@ class Decoder:
     def __init__(self, arch: Arch, layers: list[LayerWeights], rope: RopeTable, linear: Linear = F.linear,
                  kernels=None, rows=None, layer_step: LayerStep | None = None):
         """kernels: kernels.cpp (bf16 steps); rows: rowops.cpp (float32 norms and RoPE on ATen passes);
-        layer_step: a whole layer of one sequence in one call with layer_aten's arithmetic to the bit
-        (quant.layer_step, on GGUF blocks), taken for passes that produce logits."""
+        layer_step: a whole layer of one or more sequences in one call with layer_aten's arithmetic to
+        the bit (quant.layer_step, on GGUF blocks), taken for passes whose every segment produces logits."""
         self.arch, self.layers, self.rope, self.linear, self.kernels = arch, layers, rope, linear, kernels
         self.rows = rows
         self.layer_step = layer_step if rows is not None else None
@@ -255,7 +256,7 @@ class Decoder:
         positions = torch.cat([s.positions() for s in segments])
         masks: dict = {}
         x = h[None]
-        one_call = (self.layer_step is not None and len(segments) == 1 and not segments[0].prompt and attn_input is None
+        one_call = (self.layer_step is not None and not any(s.prompt for s in segments) and attn_input is None
                     and h.dtype == torch.float32)
         for i, layer in enumerate(self.layers):
             if taps is not None:
@@ -265,10 +266,12 @@ class Decoder:
             else:
                 cos, sin = (table[positions.to(table.device)] for table in self.rope.full(layer.rope))
             if one_call:  # the whole layer in one call: the same numbers as layer_aten below
-                s = segments[0]
-                lo, mask = self._visible(s, layer.window, masks, 0)
-                x = self.layer_step(i, x[0], cos, sin, s.cache.k[i], s.cache.v[i], s.start, lo,
-                                    _ALL_VISIBLE if mask is None else mask)[None]
+                sequences = []
+                for j, s in enumerate(segments):
+                    lo, mask = self._visible(s, layer.window, masks, j)
+                    sequences.append((s.cache.k[i], s.cache.v[i], s.start, lo,
+                                      _ALL_VISIBLE if mask is None else mask, s.rows))
+                x = self.layer_step(i, x[0], cos, sin, sequences)[None]
                 continue
             attends = [self._cached_attend(s, i, layer.window, masks, j) for j, s in enumerate(segments)]
             x = layer_aten(x, layer, self.arch, cos, sin, self.linear, attends[0] if len(attends) == 1

@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -500,29 +501,44 @@ torch::Tensor project(const torch::Tensor& x, const std::vector<torch::Tensor>& 
   return torch::cat(outs, -1);
 }
 
-// One decoder layer of one sequence on GGUF blocks, in one call: what the lean backend's layer_aten
-// does with rowops.cpp and these kernels (RMSNorm, fused QKV, Gemma's q/k norms + RoPE, attention over
-// the cache, output projection, Gemma's norm, residual, RMSNorm, fused gate/up, act(gate) up, down,
-// Gemma's norm, residual), with the same functions in the same order, so the same numbers to the bit;
-// it saves the ~15 Python-level ops a layer and their dispatch (a SmolLM2 step: 11.9 -> 11.4 ms).
-// h (T, d) float32; weights[i] the parts of projection i (qkv, o, gate/up, down) as (blocks, kind) lists;
-// norms: attn_in, mlp_in, then Gemma's q, k, attn_out, mlp_out (empty tensors for Llama); the cache, start,
-// lo and visible as rowops' attend takes them.
-torch::Tensor layer_step(torch::Tensor h, std::vector<std::vector<torch::Tensor>> blocks,
-                         std::vector<std::vector<int64_t>> kinds, std::vector<torch::Tensor> norms, torch::Tensor cos,
-                         torch::Tensor sin, torch::Tensor k_cache, torch::Tensor v_cache, int64_t start, int64_t lo,
-                         torch::Tensor visible, int64_t n_heads, int64_t n_kv, int64_t hd, double eps, double scale,
-                         bool gemma, bool int8) {
+// One decoder layer of one or more sequences on GGUF blocks, in one call: what the lean backend's
+// layer_aten does with rowops.cpp and these kernels (RMSNorm, fused QKV, Gemma's q/k norms + RoPE,
+// attention over each sequence's cache, output projection, Gemma's norm, residual, RMSNorm, fused
+// gate/up, act(gate) up, down, Gemma's norm, residual), with the same functions in the same order, so the
+// same numbers to the bit; it saves the ~15 Python-level ops a layer and their dispatch (a SmolLM2 step:
+// 11.9 -> 11.4 ms; two sequences' step 15.0 -> ~10 ms). h (T, d) float32, the sequences' rows one after
+// another (rows[s] of them for sequence s), cos and sin (T, hd) at each row's position; weights[i] the
+// parts of projection i (qkv, o, gate/up, down) as (blocks, kind) lists; norms: attn_in, mlp_in, then
+// Gemma's q, k, attn_out, mlp_out (empty tensors for Llama); per sequence its caches, start, lo and
+// visible as rowops' attend takes them. The products take every row at once (rows do not depend on how
+// many are multiplied together), attention each sequence alone.
+torch::Tensor layer_steps(torch::Tensor h, std::vector<std::vector<torch::Tensor>> blocks,
+                          std::vector<std::vector<int64_t>> kinds, std::vector<torch::Tensor> norms, torch::Tensor cos,
+                          torch::Tensor sin, std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches,
+                          std::vector<int64_t> starts, std::vector<int64_t> los, std::vector<torch::Tensor> visibles,
+                          std::vector<int64_t> rows, int64_t n_heads, int64_t n_kv, int64_t hd, double eps,
+                          double scale, bool gemma, bool int8) {
   TORCH_CHECK(h.dim() == 2 && h.scalar_type() == torch::kFloat32, "h: (T, d) float32");
   TORCH_CHECK(blocks.size() == 4 && kinds.size() == 4 && norms.size() == 6, "4 projections and 6 norms");
+  const size_t n = rows.size();
+  TORCH_CHECK(n >= 1 && k_caches.size() == n && v_caches.size() == n && starts.size() == n && los.size() == n &&
+                  visibles.size() == n, "one cache, start, lo and visible mask per sequence");
   const int64_t T = h.size(0), d = h.size(1), hq = n_heads * hd, hkv = n_kv * hd;
+  TORCH_CHECK(std::accumulate(rows.begin(), rows.end(), int64_t{0}) == T, "the sequences' rows must add up to h's");
   torch::Tensor qkv = project(rms_norm(h, norms[0], eps), blocks[0], kinds[0], d, int8).contiguous();
   qk_rope_(qkv, cos, sin, n_heads, n_kv, hd, norms[2], norms[3], eps);
-  torch::Tensor heads = qkv.view({1, T, hq + 2 * hkv});
-  torch::Tensor q = heads.narrow(-1, 0, hq).view({1, T, n_heads, hd}).transpose(1, 2);
-  torch::Tensor k = heads.narrow(-1, hq, hkv).view({1, T, n_kv, hd}).transpose(1, 2);
-  torch::Tensor v = heads.narrow(-1, hq + hkv, hkv).view({1, T, n_kv, hd}).transpose(1, 2);
-  torch::Tensor attn = attend(q, k, v, k_cache, v_cache, start, lo, visible, scale).reshape({T, hq});
+  std::vector<torch::Tensor> attended;
+  int64_t first = 0;
+  for (size_t s = 0; s < n; ++s) {
+    torch::Tensor heads = qkv.narrow(0, first, rows[s]).view({1, rows[s], hq + 2 * hkv});
+    torch::Tensor q = heads.narrow(-1, 0, hq).view({1, rows[s], n_heads, hd}).transpose(1, 2);
+    torch::Tensor k = heads.narrow(-1, hq, hkv).view({1, rows[s], n_kv, hd}).transpose(1, 2);
+    torch::Tensor v = heads.narrow(-1, hq + hkv, hkv).view({1, rows[s], n_kv, hd}).transpose(1, 2);
+    attended.push_back(attend(q, k, v, k_caches[s], v_caches[s], starts[s], los[s], visibles[s], scale)
+                           .reshape({rows[s], hq}));
+    first += rows[s];
+  }
+  torch::Tensor attn = n == 1 ? attended[0] : torch::cat(attended, 0);
   torch::Tensor o = project(attn, blocks[1], kinds[1], hq, int8);
   if (gemma) o = rms_norm(o, norms[4], eps);
   h = h + o;
@@ -538,5 +554,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "whether this CPU has AVX2 and FMA");
   m.def("linear", &linear, "x @ w.T on GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks; float32 activations, or int8",
         py::arg("x"), py::arg("w"), py::arg("kind"), py::arg("in_features"), py::arg("int8") = false);
-  m.def("layer_step", &layer_step, "one decoder layer of one sequence on GGUF blocks (layer_aten's arithmetic)");
+  m.def("layer_steps", &layer_steps, "one decoder layer of one or more sequences on GGUF blocks (layer_aten's arithmetic)");
 }

@@ -98,9 +98,9 @@ _EMPTY = torch.empty(0)
 
 
 def layer_step(arch, layers: list, int8: bool = False) -> Callable | None:
-    """A Decoder layer_step running each layer of one sequence in one call (quant.cpp's layer_step:
-    layer_aten's arithmetic with rowops.cpp, to the bit), or None where some projection is not on
-    blocks, the shapes are not ones rowops.cpp takes, or the kernels cannot run here."""
+    """A Decoder layer_step running each layer of one or more sequences in one call (quant.cpp's
+    layer_steps: layer_aten's arithmetic with rowops.cpp, to the bit), or None where some projection is
+    not on blocks, the shapes are not ones rowops.cpp takes, or the kernels cannot run here."""
     module = load()
     if module is None or arch.head_dim % 16 or (arch.n_heads * arch.head_dim) % 8:
         return None
@@ -117,11 +117,13 @@ def layer_step(arch, layers: list, int8: bool = False) -> Callable | None:
         held.append(([[p.blocks for p in ps] for ps in parts], [[p.kind for p in ps] for ps in parts],
                      norms + [_EMPTY] * (6 - len(norms))))
 
-    def step(index: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-             v_cache: torch.Tensor, start: int, lo: int, visible: torch.Tensor) -> torch.Tensor:
+    def step(index: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sequences: list[tuple]) -> torch.Tensor:
+        """sequences: (k cache, v cache, start, lo, visible, rows) each, their rows in turn in h."""
         blocks, kinds, norms = held[index]
-        return module.layer_step(h.contiguous(), blocks, kinds, norms, cos, sin, k_cache, v_cache, start, lo, visible,
-                                 arch.n_heads, arch.n_kv, arch.head_dim, arch.eps, arch.scale, arch.gemma, int8)
+        k_caches, v_caches, starts, los, visibles, rows = (list(column) for column in zip(*sequences))
+        return module.layer_steps(h.contiguous(), blocks, kinds, norms, cos.contiguous(), sin.contiguous(), k_caches,
+                                  v_caches, starts, los, visibles, rows, arch.n_heads, arch.n_kv, arch.head_dim,
+                                  arch.eps, arch.scale, arch.gemma, int8)
 
     return step
 
