@@ -527,17 +527,19 @@ torch::Tensor layer_steps(torch::Tensor h, std::vector<std::vector<torch::Tensor
   TORCH_CHECK(std::accumulate(rows.begin(), rows.end(), int64_t{0}) == T, "the sequences' rows must add up to h's");
   torch::Tensor qkv = project(rms_norm(h, norms[0], eps), blocks[0], kinds[0], d, int8).contiguous();
   qk_rope_(qkv, cos, sin, n_heads, n_kv, hd, norms[2], norms[3], eps);
-  std::vector<torch::Tensor> attended;
+  std::vector<AttendJob> jobs;  // each sequence over its own cache, all in one parallel loop
   int64_t first = 0;
   for (size_t s = 0; s < n; ++s) {
     torch::Tensor heads = qkv.narrow(0, first, rows[s]).view({1, rows[s], hq + 2 * hkv});
     torch::Tensor q = heads.narrow(-1, 0, hq).view({1, rows[s], n_heads, hd}).transpose(1, 2);
     torch::Tensor k = heads.narrow(-1, hq, hkv).view({1, rows[s], n_kv, hd}).transpose(1, 2);
     torch::Tensor v = heads.narrow(-1, hq + hkv, hkv).view({1, rows[s], n_kv, hd}).transpose(1, 2);
-    attended.push_back(attend(q, k, v, k_caches[s], v_caches[s], starts[s], los[s], visibles[s], scale)
-                           .reshape({rows[s], hq}));
+    jobs.push_back(attend_job(q, k, v, k_caches[s], v_caches[s], starts[s], los[s], visibles[s]));
     first += rows[s];
   }
+  attend_all(jobs, scale);
+  std::vector<torch::Tensor> attended;
+  for (size_t s = 0; s < n; ++s) attended.push_back(jobs[s].out.reshape({rows[s], hq}));
   torch::Tensor attn = n == 1 ? attended[0] : torch::cat(attended, 0);
   torch::Tensor o = project(attn, blocks[1], kinds[1], hq, int8);
   if (gemma) o = rms_norm(o, norms[4], eps);

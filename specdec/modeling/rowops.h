@@ -170,12 +170,18 @@ void qk_rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t n
   }
 }
 
-// q (1, Hq, T, hd), k and v (1, Hkv, T, hd): any strides with a contiguous last dimension (views of
-// a fused QKV block). k_cache, v_cache (Hkv, capacity, hd) contiguous. The new keys and values go to
-// slots start..start+T-1; query t sees keys lo..start+T-1 where visible[t][j - lo] (all if empty).
-// Returns (1, T, Hq, hd).
-torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
-                     int64_t start, int64_t lo, torch::Tensor visible, double scale) {
+// One sequence's part of an attention call: its new keys and values written into its cache, and the
+// queries' output (1, T, Hq, hd) that attend_all fills.
+struct AttendJob {
+  torch::Tensor q, mask, out;
+  const float* kc;
+  const float* vc;
+  const bool* mp;
+  int64_t n_heads, n_kv, T, hd, lo, count, capacity;
+};
+
+AttendJob attend_job(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
+                     int64_t start, int64_t lo, torch::Tensor visible) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32, "float32 only");
   TORCH_CHECK(q.dim() == 4 && q.size(0) == 1 && q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
               "q, k, v: (1, heads, T, head_dim) with contiguous rows");
@@ -193,23 +199,47 @@ torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::T
       std::memcpy(vc + (h * capacity + start + t) * hd, v.data_ptr<float>() + h * v.stride(1) + t * v.stride(2), hd * 4);
     }
   torch::Tensor mask = visible.numel() ? visible.contiguous() : visible;
-  const bool* mp = visible.numel() ? mask.data_ptr<bool>() : nullptr;
-  torch::Tensor out = torch::empty({1, T, n_heads, hd}, q.options());
-  float* op = out.data_ptr<float>();
-  const float* qp = q.data_ptr<float>();
-  const int64_t group = n_heads / n_kv;
-  const int64_t grain = std::max<int64_t>(1, 4096 / std::max<int64_t>(1, count));
-  at::parallel_for(0, n_heads * T, grain, [&](int64_t u0, int64_t u1) {
+  return AttendJob{q, mask, torch::empty({1, T, n_heads, hd}, q.options()), kc, vc,
+                   visible.numel() ? mask.data_ptr<bool>() : nullptr, n_heads, n_kv, T, hd, lo, count, capacity};
+}
+
+// Every (job, head, query) of the jobs as one parallel loop: sequences attended together share the
+// threads even when each has a single query (a step of several sequences decoding one token each).
+void attend_all(std::vector<AttendJob>& jobs, double scale) {
+  std::vector<int64_t> first{0};  // the jobs' units (head, query) numbered in turn
+  int64_t keys = 0;
+  for (const AttendJob& job : jobs) {
+    first.push_back(first.back() + job.n_heads * job.T);
+    keys += job.n_heads * job.T * job.count;
+  }
+  const int64_t units = first.back();
+  const int64_t grain = std::max<int64_t>(1, 1024 * units / std::max<int64_t>(1, keys));  // ~1024 keys a chunk
+  at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
     std::vector<float> scores;
     std::vector<int64_t> slots;
+    size_t j = std::upper_bound(first.begin(), first.end(), u0) - first.begin() - 1;
     for (int64_t u = u0; u < u1; ++u) {
-      const int64_t h = u / T, t = u % T, g = h / group;
-      attend_one(qp + h * q.stride(1) + t * q.stride(2), kc + (g * capacity + lo) * hd, vc + (g * capacity + lo) * hd,
-                 mp ? mp + t * count : nullptr, count, hd, static_cast<float>(scale), op + (t * n_heads + h) * hd,
+      while (u >= first[j + 1]) ++j;
+      const AttendJob& job = jobs[j];
+      const int64_t local = u - first[j], h = local / job.T, t = local % job.T, g = h / (job.n_heads / job.n_kv);
+      const float* qp = job.q.data_ptr<float>();
+      attend_one(qp + h * job.q.stride(1) + t * job.q.stride(2), job.kc + (g * job.capacity + job.lo) * job.hd,
+                 job.vc + (g * job.capacity + job.lo) * job.hd, job.mp ? job.mp + t * job.count : nullptr, job.count,
+                 job.hd, static_cast<float>(scale), job.out.data_ptr<float>() + (t * job.n_heads + h) * job.hd,
                  scores, slots);
     }
   });
-  return out;
+}
+
+// q (1, Hq, T, hd), k and v (1, Hkv, T, hd): any strides with a contiguous last dimension (views of
+// a fused QKV block). k_cache, v_cache (Hkv, capacity, hd) contiguous. The new keys and values go to
+// slots start..start+T-1; query t sees keys lo..start+T-1 where visible[t][j - lo] (all if empty).
+// Returns (1, T, Hq, hd).
+torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
+                     int64_t start, int64_t lo, torch::Tensor visible, double scale) {
+  std::vector<AttendJob> jobs{attend_job(q, k, v, k_cache, v_cache, start, lo, visible)};
+  attend_all(jobs, scale);
+  return jobs[0].out;
 }
 
 
