@@ -230,7 +230,7 @@ def test_a_trees_accepted_path_scores_what_plain_decoding_scores_to_the_bit(kern
 def test_a_layer_in_one_call_is_the_layer_as_ops_to_the_bit(kernels, arch):
     """quant.cpp's layer_step (a whole layer of one sequence in one call) against layer_aten with
     rowops.cpp: equal logits, bit for bit, for a prompt chunk, one position, a chain and a tree, past
-    Gemma's sliding window; so passes may take either (batches of several sequences take the ops)."""
+    Gemma's sliding window; so passes may take either (prompt chunks take the ops)."""
     from specdec.modeling.tree import TreeLayout
 
     model = tiny(arch)
