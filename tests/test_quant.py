@@ -230,7 +230,7 @@ def test_a_trees_accepted_path_scores_what_plain_decoding_scores_to_the_bit(kern
 def test_a_layer_in_one_call_is_the_layer_as_ops_to_the_bit(kernels, arch):
     """quant.cpp's layer_step (a whole layer of one sequence in one call) against layer_aten with
     rowops.cpp: equal logits, bit for bit, for a prompt chunk, one position, a chain and a tree, past
-    Gemma's sliding window; so passes may take either (prompt chunks take the ops)."""
+    Gemma's sliding window; so passes may take either."""
     from specdec.modeling.tree import TreeLayout
 
     model = tiny(arch)
@@ -241,7 +241,7 @@ def test_a_layer_in_one_call_is_the_layer_as_ops_to_the_bit(kernels, arch):
     ids = torch.randint(0, 40, (30,), generator=torch.Generator().manual_seed(1))
     for backend in (one_call, as_ops):
         backend.reset()
-        backend.append(ids[:14])
+        backend.forward(ids[:14])  # a chunk with logits: both attend on rowops (the ops give prompts to SDPA)
     for chunk in (ids[14:15], ids[15:20]):
         assert torch.equal(one_call.forward(chunk), as_ops.forward(chunk))
     parents = torch.tensor([-1, -1, 0, 0, 2])  # rows: the root, then five nodes
@@ -268,12 +268,30 @@ def test_several_sequences_in_one_call_equal_each_alone_to_the_bit(kernels, arch
     sequences = [backend.fork() for _ in contexts]
     for sequence, context in zip(sequences, contexts):
         sequence.prefill(context)
+    calls.clear()
     together = backend.forward_many(list(zip(sequences, steps)))
     assert calls and set(calls) == {3}  # one call a layer, three sequences in it
     for sequence, context, s, logits in zip(sequences, contexts, steps, together):
         sequence.rollback(len(context))
         alone = sequence.forward(s.ids) if s.parents is None else sequence.forward_tree(s.ids, s.parents)
         assert torch.equal(alone, logits)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("int8", [False, True], ids=["float-activations", "int8-activations"])
+def test_a_prompts_cache_does_not_depend_on_its_chunks(kernels, arch, int8):
+    """A server cuts prompts into chunks as the batch allows; the keys and values (and so every later
+    logit) must be those of the prompt in one piece, or with int8 activations a batched request differs
+    from the same request alone (SDPA's prompt attention did, in the last bits, for Llama here)."""
+    model = tiny(arch)
+    backend = LeanBackend(model, gguf=quantised_twin(model, ALL_Q4_1), int8_activations=int8)
+    ids = torch.randint(0, 40, (60,), generator=torch.Generator().manual_seed(3))
+    backend.append(ids)
+    whole = backend.forward(torch.tensor([4]))
+    backend.reset()
+    for start in range(0, 60, 7):
+        backend.append(ids[start : start + 7])
+    assert torch.equal(backend.forward(torch.tensor([4])), whole)
 
 
 @pytest.mark.parametrize("kinds", [ALL_Q4_1, MIXED], ids=["layers-in-one-call", "mixed"])

@@ -256,8 +256,10 @@ class Decoder:
         positions = torch.cat([s.positions() for s in segments])
         masks: dict = {}
         x = h[None]
-        one_call = (self.layer_step is not None and not any(s.prompt for s in segments) and attn_input is None
-                    and h.dtype == torch.float32)
+        # prompt chunks too: their attention then runs per query as a decoding step's does, so a prompt's
+        # keys and values do not depend on how it was cut into chunks (SDPA's do, in the last bits: with
+        # int8 activations a batched request could then differ from the same request alone)
+        one_call = self.layer_step is not None and attn_input is None and h.dtype == torch.float32
         for i, layer in enumerate(self.layers):
             if taps is not None:
                 taps.see(i, x[0])
