@@ -220,8 +220,8 @@ class LeanBackend(Backend):
     @torch.inference_mode()
     def forward_many(self, work: list[tuple[Backend, Step]]) -> list[torch.Tensor | None]:
         """Several sequences' steps (chains, trees, prompt chunks) in one pass: the linear layers read
-        the weights once for all their rows, attention runs per sequence (on ATen; on GGUF blocks,
-        quant.cpp's layer call when no sequence is a prompt chunk)."""
+        the weights once for all their rows, attention runs per sequence (on ATen; on GGUF blocks, in
+        quant.cpp's layer call)."""
         if len(work) < 2:
             return super().forward_many(work)
         from ..modeling.tree import TreeLayout

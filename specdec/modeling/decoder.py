@@ -207,7 +207,7 @@ class Decoder:
                  kernels=None, rows=None, layer_step: LayerStep | None = None):
         """kernels: kernels.cpp (bf16 steps); rows: rowops.cpp (float32 norms and RoPE on ATen passes);
         layer_step: a whole layer of one or more sequences in one call with layer_aten's arithmetic to
-        the bit (quant.layer_step, on GGUF blocks), taken for passes whose every segment produces logits."""
+        the bit (quant.layer_step, on GGUF blocks), taken for every float32 pass it can run."""
         self.arch, self.layers, self.rope, self.linear, self.kernels = arch, layers, rope, linear, kernels
         self.rows = rows
         self.layer_step = layer_step if rows is not None else None
