@@ -76,9 +76,11 @@ class Segment:
     rows: int
     tree: TreeLayout | None = None
     prompt: bool = False
-    """A chunk of a prompt (no logits wanted): attention on ATen's SDPA, which is faster over many rows
-    than rowops.cpp's, while every pass that produces logits attends on rowops.cpp (where it runs), one
-    implementation whatever the row count."""
+    """A chunk of a prompt (no logits wanted). Off the GGUF blocks its attention runs on ATen's SDPA,
+    faster over many rows than rowops.cpp's, while every pass that produces logits attends on rowops.cpp
+    (where it runs), one implementation whatever the row count; on the blocks prompt chunks take the
+    layer call too, so a prompt's cache does not depend on how it was cut (int8 activations would turn
+    SDPA's last bits into different tokens)."""
 
     @property
     def end(self) -> int:
