@@ -84,6 +84,8 @@ template <int64_t KIND>
 struct Group {
   __m256i q;
   float a0, a1, b0, b1;
+  float d = 0.f;                      // Q6_K: the superblock's scale,
+  int8_t scale0 = 0, scale1 = 0;      // and the integer scales of weights 0-15 and 16-31 (a = d scale)
 };
 
 template <int64_t KIND>
@@ -135,9 +137,9 @@ SPECDEC_AVX2 inline Group<KIND> codes(const uint8_t* row, int64_t g) {
     __m256i high = _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 128 + 32 * h)), 2 * t);
     out.q = _mm256_or_si256(_mm256_and_si256(low, _mm256_set1_epi8(0x0F)),
                             _mm256_slli_epi16(_mm256_and_si256(high, _mm256_set1_epi8(3)), 4));
-    const float d = half(block + 208);
     const auto* scales = reinterpret_cast<const int8_t*>(block + 192);
-    out.a0 = d * scales[8 * h + 2 * t], out.a1 = d * scales[8 * h + 2 * t + 1];
+    out.d = half(block + 208), out.scale0 = scales[8 * h + 2 * t], out.scale1 = scales[8 * h + 2 * t + 1];
+    out.a0 = out.d * out.scale0, out.a1 = out.d * out.scale1;
     out.b0 = -32.f * out.a0, out.b1 = -32.f * out.a1;
     return out;
   }
@@ -301,13 +303,10 @@ SPECDEC_AVX2 inline Int8Group<KIND> int8_codes(const uint8_t* row, int64_t g) {
   if constexpr (KIND == Q8_0) {
     out.magnitude = _mm256_sign_epi8(group.q, group.q);
   } else if constexpr (KIND == Q6_K) {  // w = d sc (q - 32): a = d, the scales go into madd
-    const uint8_t* block = row + (g / 8) * 210;
-    const auto* scales = reinterpret_cast<const int8_t*>(block + 192);
-    const int index = 8 * (static_cast<int>(g % 8) / 4) + 2 * static_cast<int>(g % 4);
     out.sign = _mm256_sub_epi8(group.q, _mm256_set1_epi8(32));
     out.magnitude = _mm256_sign_epi8(out.sign, out.sign);
-    out.multiplier = _mm256_set_m128i(_mm_set1_epi16(scales[index + 1]), _mm_set1_epi16(scales[index]));
-    out.a = half(block + 208), out.b = 0.f;
+    out.multiplier = _mm256_set_m128i(_mm_set1_epi16(group.scale1), _mm_set1_epi16(group.scale0));
+    out.a = group.d, out.b = 0.f;
   }
   return out;
 }
