@@ -229,8 +229,8 @@ def test_a_trees_accepted_path_scores_what_plain_decoding_scores_to_the_bit(kern
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_a_layer_in_one_call_is_the_layer_as_ops_to_the_bit(kernels, arch):
     """quant.cpp's layer_step (a whole layer of one sequence in one call) against layer_aten with
-    rowops.cpp: equal logits, bit for bit, for a prompt chunk, one position, a chain and a tree, past
-    Gemma's sliding window; so passes may take either."""
+    rowops.cpp: equal logits, bit for bit, for a chunk of 14 positions, one position, a chain and a tree,
+    past Gemma's sliding window; so passes may take either."""
     from specdec.modeling.tree import TreeLayout
 
     model = tiny(arch)
@@ -241,7 +241,8 @@ def test_a_layer_in_one_call_is_the_layer_as_ops_to_the_bit(kernels, arch):
     ids = torch.randint(0, 40, (30,), generator=torch.Generator().manual_seed(1))
     for backend in (one_call, as_ops):
         backend.reset()
-        backend.forward(ids[:14])  # a chunk with logits: both attend on rowops (the ops give prompts to SDPA)
+    # a chunk with logits, not a prompt: both attend on rowops (the ops give prompt chunks to SDPA)
+    assert torch.equal(one_call.forward(ids[:14]), as_ops.forward(ids[:14]))
     for chunk in (ids[14:15], ids[15:20]):
         assert torch.equal(one_call.forward(chunk), as_ops.forward(chunk))
     parents = torch.tensor([-1, -1, 0, 0, 2])  # rows: the root, then five nodes
