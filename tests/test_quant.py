@@ -311,6 +311,49 @@ def test_batched_generations_on_blocks_equal_each_alone(kernels, kinds):
     batch.close()
 
 
+def test_blocks_are_read_once_then_from_a_cached_copy(tmp_path, monkeypatch):
+    """GGUFWeights.read keeps a copy of the file's blocks (gguf's reader takes seconds on a real
+    file's metadata): a second read gives the same blocks from the copy, a changed file is read
+    again, and an unreadable copy is replaced, not an error."""
+    import gguf
+    import gguf.quants
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny.gguf"
+
+    def write(seed: int) -> None:
+        w = gguf.GGUFWriter(str(path), "llama")
+        x = np.random.default_rng(seed).standard_normal((8, 64)).astype(np.float32)
+        w.add_tensor("blk.0.attn_q.weight", gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0),
+                     raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        w.add_tensor("blk.0.attn_k.weight", x.astype(np.float16))  # a type the kernels do not read
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    def same(a: GGUFWeights, b: GGUFWeights) -> bool:
+        return (a.arch == b.arch and a.skipped == b.skipped and a.tensors.keys() == b.tensors.keys()
+                and all(torch.equal(a.tensors[n].blocks, b.tensors[n].blocks) and a.tensors[n].kind == b.tensors[n].kind
+                        and a.tensors[n].in_features == b.tensors[n].in_features for n in a.tensors))
+
+    write(0)
+    parsed = GGUFWeights.read(path)
+    copies = list((tmp_path / "cache" / "gguf-blocks").iterdir())
+    assert len(copies) == 1 and parsed.skipped == {"blk.0.attn_k.weight": "F16"}
+    assert parsed.tensors["blk.0.attn_q.weight"].blocks.shape == (8, 68)
+    monkeypatch.setattr(GGUFWeights, "_parse", None)  # a second read must not parse the file
+    assert same(GGUFWeights.read(path), parsed)
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    copies[0].write_bytes(b"not safetensors")
+    assert same(GGUFWeights.read(path), parsed)  # read again, the copy rewritten
+    assert same(GGUFWeights.read(path), parsed)
+    write(1)
+    changed = GGUFWeights.read(path)
+    assert not torch.equal(changed.tensors["blk.0.attn_q.weight"].blocks, parsed.tensors["blk.0.attn_q.weight"].blocks)
+
+
 # --- the built-in model's file --------------------------------------------------------------------
 
 def test_builtin_blocks_are_exactly_the_converted_weights(kernels, builtin_model):
