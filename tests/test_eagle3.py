@@ -56,20 +56,26 @@ def test_training_time_test_attends_as_drafting_does(before):
 
 
 def test_backends_record_the_same_layer_inputs():
-    """The lean backend's taps (chains, trees and batched passes) = transformers' hidden states."""
+    """The lean backend's taps (chains, trees and batched passes) = transformers' hidden states,
+    layer N (3) being the final-norm output in both."""
     target = tiny_llama(40, layers=3, seed=0)
     ids = torch.tensor(PROMPT)
     reference = TransformersBackend(target)
-    reference.record_features(True, (2, 0))
+    reference.record_features(True, (2, 0, 3))
     reference.forward(ids)
     lean = LeanBackend(target)
-    lean.record_features(True, (2, 0))
+    lean.record_features(True, (2, 0, 3))
     lean.prefill(ids[:-4])
     lean.forward(ids[-4:])
     torch.testing.assert_close(lean.hidden(), reference.hidden(), atol=1e-4, rtol=1e-4)
-    assert lean.hidden().shape == (ids.numel(), 64)
+    assert lean.hidden().shape == (ids.numel(), 96)
+    final = LeanBackend(target)
+    final.record_features(True)
+    final.prefill(ids[:-4])
+    final.forward(ids[-4:])
+    assert torch.equal(lean.hidden()[:, 64:], final.hidden())  # the final-norm features recorded as layer N
     other = lean.fork()
-    other.record_features(True, (2, 0))
+    other.record_features(True, (2, 0, 3))
     lean.rollback(10)
     lean.forward_many([(lean, Step(ids[10:])), (other, Step(ids))])
     torch.testing.assert_close(lean.hidden(), reference.hidden(), atol=1e-4, rtol=1e-4)

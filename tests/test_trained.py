@@ -183,6 +183,64 @@ def test_answer_loop_equals_generate(trained):
         assert answer == out
 
 
+def test_engine_sampler_records_what_a_teacher_pass_gives(trained, tmp_path, monkeypatch):
+    """The engine sampler (training.fused: sampling and recording in the same batched passes, prompts
+    fed in chunks beside other sequences' decoding) gives, for each sequence, the answer the lean
+    backend's own greedy decoding gives at T = 0, and at every position the final-norm features,
+    the layer inputs and the top-k of one teacher-forced pass over prompt + answer."""
+    from specdec.training.data import DataRecipe, build_data
+
+    target = trained[0]
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    lean = LeanBackend(target.model)
+    recipe = DataRecipe(prompts=10, max_new_tokens=12, max_prompt_tokens=24, batch=4, topk=8, aux_layers=(0, 1),
+                        sampler="engine")
+    data = build_data(target, recipe, log=lambda _: None, backend=lean)
+    assert len(list((tmp_path / "distill").iterdir())) == 1
+    assert build_data(target, recipe, log=lambda _: None, backend=lean).tokens.equal(data.tokens)  # cached
+    assert data.aux.shape == (data.tokens.numel(), 2 * target.model.config.hidden_size)
+    assert data.features.shape == (data.tokens.numel(), target.model.config.hidden_size)
+    greedy = 0
+    for s, sequence in enumerate(data.sequence_list()):
+        a, b = int(data.offsets[s]), int(data.offsets[s + 1])
+        prompt, answer = sequence[: int(data.prompt_lengths[s])], sequence[int(data.prompt_lengths[s]) :]
+        assert 1 <= len(answer) <= 12 and all(t not in target.eos_token_ids for t in answer[:-1])
+        if s < 5:  # the first half of the prompts is answered at T = 0 (sequence_order)
+            greedy += 1
+            plain = SpeculativeEngine(LeanBackend(target.model), eos_token_ids=target.eos_token_ids).generate(
+                prompt, SamplingParams(), SpecConfig(gamma=0, max_new_tokens=12)).run().tokens
+            assert answer == plain, s
+        teacher = LeanBackend(target.model)
+        teacher.record_features(True, (0, 1, 2))  # 2 = N: the final-norm features
+        logits = teacher.forward(torch.tensor(sequence))
+        torch.testing.assert_close(data.aux[a:b].float(), teacher.hidden()[:, :-32].to(torch.bfloat16).float())
+        torch.testing.assert_close(data.features[a:b].float(), teacher.hidden()[:, -32:].to(torch.bfloat16).float())
+        top = logits.log_softmax(-1).topk(8, dim=-1)
+        torch.testing.assert_close(data.topk_probs[a:b], top.values.exp(), atol=1e-5, rtol=1e-4)
+        assert (data.topk_ids[a:b] == top.indices).float().mean() > 0.99  # ties may order differently
+    assert greedy == 5
+
+
+def test_engine_sampler_draws_from_the_tempered_law():
+    """The engine sampler's batched draw: argmax at T = 0, and at T > 0 a draw from softmax(logits / T)
+    (χ² against the exact law; the law at T = 1 must be rejected for draws at T = 0.5)."""
+    from specdec.training.fused import _draw
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5, -30.0], [0.0, 3.0, 1.0, 1.0, 0.0, 0.0]])
+    temperatures = torch.tensor([0.5, 0.0])
+    generator = torch.Generator().manual_seed(0)
+    rows = logits.repeat(4000, 1)
+    tokens = _draw(rows, temperatures.repeat(4000), generator).view(4000, 2)
+    assert torch.all(tokens[:, 1] == 1)
+    from collections import Counter
+
+    counts = Counter(tokens[:, 0].tolist())
+    law = dict(enumerate((logits[0] / 0.5).softmax(-1).tolist()))
+    assert goodness_of_fit("T = 0.5", counts, law).p_value > 1e-4
+    wrong = dict(enumerate(logits[0].softmax(-1).tolist()))
+    assert goodness_of_fit("negative control: T = 1", counts, wrong).p_value < 1e-6
+
+
 def test_data_sets_concatenate(trained):
     from specdec.training.data import DistillData
 

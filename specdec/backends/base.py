@@ -81,7 +81,8 @@ class Backend(ABC):
     @property
     def hidden_layers(self) -> tuple[int, ...]:
         """What record_hidden keeps: () the final-norm features; else the hidden states entering these
-        layers (0 = the embeddings), concatenated, as EAGLE-3 reads them."""
+        layers (0 = the embeddings), concatenated, as EAGLE-3 reads them; layer N (the number of
+        layers) is the final-norm output, as in transformers' `hidden_states`."""
         return self._hidden_layers
 
     @hidden_layers.setter

@@ -192,6 +192,8 @@ class LeanBackend(Backend):
         taps = Taps(self.hidden_layers) if self.record_hidden and self.hidden_layers else None
         hidden = self.decoder.run(self._embed(ids), start, self.cache, tree, prompt=not logits, taps=taps)
         features = self.decoder.norm(hidden, self.final_norm)
+        if taps is not None:
+            taps.see(len(self.decoder.layers), features)  # "layer N": the final-norm output, as transformers'
         self._store_hidden(start, features if taps is None else taps.features())
         return self._logits(features) if logits else None
 
@@ -235,7 +237,10 @@ class LeanBackend(Backend):
         taps = Taps(layers.pop()) if layers else None
         h = self.decoder.run_many(self._embed(torch.cat([step.ids for _, step in work])), segments, taps=taps)
         rows = [s.rows for s in segments]
-        features = self.decoder.norm(h, self.final_norm).split(rows)
+        normed = self.decoder.norm(h, self.final_norm)
+        features = normed.split(rows)
+        if taps is not None:
+            taps.see(len(self.decoder.layers), normed)
         tapped = taps.features().split(rows) if taps is not None else features
         for (sequence, step), segment, part, layer_inputs in zip(work, segments, features, tapped):
             sequence._store_hidden(segment.start, layer_inputs if sequence.hidden_layers else part)

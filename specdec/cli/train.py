@@ -61,23 +61,31 @@ def run(args: argparse.Namespace) -> int:
         recipe.aux_layers = tuple(earlier.aux_layers)
     aux = aux_layers_for(recipe, target) if args.kind == "eagle3" else ()
     recipes = [DataRecipe(prompts=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.data_seed,
-                          batch=args.data_batch, aux_layers=aux)]
+                          batch=args.data_batch, aux_layers=aux, sampler=args.sampler)]
     if args.chat_prompts:  # short prompts: twice the rows per batch
         recipes.append(DataRecipe(prompts=args.chat_prompts, max_new_tokens=args.chat_max_new_tokens,
-                                  seed=args.data_seed, batch=args.data_batch * 2, mix="chat", aux_layers=aux))
+                                  seed=args.data_seed, batch=args.data_batch * 2, mix="chat", aux_layers=aux,
+                                  sampler=args.sampler))
+    backend = None
+    if args.sampler == "engine":  # the backend generation runs on (the GGUF blocks where they run)
+        from ..backends.lean import target_backend
+
+        backend = target_backend(target, dtype_choice=args.dtype)
+        log(f"sampling the target on {backend.path}")
     start = None
     if earlier is not None:
         from ..drafters.trained import read_net
 
         start = read_net(args.init, target)
         recipe.vocab_size = start.vocab.numel()
-    data = DistillData.concat([build_data(target, r, log) for r in recipes])
+    data = DistillData.concat([build_data(target, r, log, backend) for r in recipes])
     net = train(target, data, recipe, log, start=start)
     if earlier is not None:
         net.config.recipe["continued_from"] = {"path": str(args.init), "recipe": earlier.recipe}
     net.config.recipe["data"] = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "seed": args.data_seed,
                                  "chat_prompts": args.chat_prompts, "chat_max_new_tokens": args.chat_max_new_tokens,
-                                 "positions": int(data.tokens.numel())}
+                                 "positions": int(data.tokens.numel()),
+                                 "sampled_on": backend.path if backend is not None else "transformers"}
     save_drafter(net, out)
     megabytes = sum(f.stat().st_size for f in out.iterdir()) / 1e6
     log(f"wrote {out} ({megabytes:.1f} MB); use it with --drafter {out}")
@@ -121,6 +129,11 @@ def register(sub) -> None:
     p.add_argument("--chat-max-new-tokens", type=int, default=192, help="their answer length (default: %(default)s)")
     p.add_argument("--data-batch", type=int, default=32, help="prompts sampled together (default: %(default)s)")
     p.add_argument("--data-seed", type=int, default=0)
+    p.add_argument("--sampler", default="engine", choices=("engine", "transformers"),
+                   help="engine: sample the target on the backend specdec generates with and record its teacher "
+                        "signal in the same passes (the GGUF blocks where they run); transformers: transformers' "
+                        "model, then a teacher-forced pass (the float model's numbers; data cached before this "
+                        "option existed). Default: %(default)s")
     p.add_argument("--seed", type=int, default=0, help="training seed")
     add_dtype(p)
     p.add_argument("--device", default="cpu")

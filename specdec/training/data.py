@@ -5,7 +5,9 @@ Prompts (seeded), by the recipe's `mix`: "tasks" — open questions about comman
 translation of gettext messages, summaries of man pages, and code edits of standard-library
 functions, a quarter each; "chat" — everyday questions (`training.topics`), answered at length. The target
 answers them in batches, half greedily and half at temperature 1 (the two ways drafters serve).
-One teacher-forced pass over each prompt + answer then records, per position t:
+With the "transformers" sampler one teacher-forced pass over each prompt + answer then records, per
+position t (the "engine" sampler, `training.fused`, records the same in the passes that sample, on
+the backend specdec generates with):
 
 - `features` f_t: the target's final-norm hidden state (eagle and medusa learn from it);
 - `aux` (recipes with `aux_layers`, for eagle3): the hidden states entering those layers (the
@@ -34,6 +36,8 @@ from ..paths import cache_dir
 from ..prompts import CHAT_QUESTIONS
 from .topics import open_questions
 
+SAMPLERS = ("engine", "transformers")
+
 
 @dataclass
 class DataRecipe:
@@ -47,8 +51,12 @@ class DataRecipe:
     mix: str = "tasks"
     aux_layers: tuple = ()
     """Also record the hidden states entering these layers (eagle3's features), e.g. (2, 15, 27)."""
+    sampler: str = "transformers"
+    """"transformers": sample with transformers' model, then a teacher-forced pass; "engine": sample
+    and record in the same passes on the backend specdec generates with (training.fused)."""
 
-    def key(self, identity: dict, dtype: torch.dtype) -> str:
+    def key(self, identity: dict, dtype: torch.dtype, path: str = "transformers") -> str:
+        """The cache key; `path`: the numeric path the engine sampler ran on (its numbers are that path's)."""
         recipe = asdict(self)
         if recipe["mix"] == "tasks":  # the recipe before `mix` existed: its cached data keeps its name
             del recipe["mix"]
@@ -56,6 +64,10 @@ class DataRecipe:
             del recipe["aux_layers"]
         else:
             recipe["aux_layers"] = list(recipe["aux_layers"])
+        if recipe["sampler"] == "transformers":  # nor data from the sampler that came first
+            del recipe["sampler"]
+        else:
+            recipe["path"] = path
         text = json.dumps({"target": identity, "dtype": str(dtype), "recipe": recipe}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -233,22 +245,72 @@ def _teacher(model, sequences: list[list[int]], topk: int, batch: int, progress,
             torch.cat(aux_out) if aux_layers else None)
 
 
+def _engine_data(target, backend, recipe: DataRecipe) -> DistillData:
+    """The recipe's data sampled and recorded in the engine's own passes (training.fused)."""
+    from tqdm import tqdm
+
+    from .fused import sample_and_record
+
+    pairs = recipe.prompts_text()
+    prompts = [target.encode(text)[-recipe.max_prompt_tokens :] for _, text in pairs]
+    order = sequence_order(len(prompts), len(recipe.temperatures))
+    ordered = [prompts[i] for i, _ in order]
+    layers = tuple(recipe.aux_layers)
+    final = target.model.config.get_text_config().num_hidden_layers  # "layer N": the final-norm features
+    generator = torch.Generator().manual_seed(recipe.seed)
+    with tqdm(total=len(ordered), desc=f"sampling and recording ({backend.path})", unit="prompt",
+              file=sys.stderr) as bar:
+        records = sample_and_record(backend, ordered, [recipe.temperatures[k] for _, k in order],
+                                    recipe.max_new_tokens, target.eos_token_ids, recipe.topk,
+                                    layers + (final,) if layers else (), recipe.batch, generator=generator,
+                                    progress=bar.update)
+    d = target.model.config.get_text_config().hidden_size
+    hidden = torch.cat([r.hidden for r in records]).to(torch.bfloat16)
+    width = target.model.get_output_embeddings().weight.shape[0]
+    counts = torch.zeros(width, dtype=torch.long)
+    for r in records:
+        if r.answer:
+            counts += torch.bincount(torch.tensor(r.answer, dtype=torch.long), minlength=width)[:width]
+    lengths = torch.tensor([len(p) + len(r.answer) for p, r in zip(ordered, records)])
+    return DistillData(tokens=torch.tensor([t for p, r in zip(ordered, records) for t in p + r.answer]),
+                       offsets=torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+                       prompt_lengths=torch.tensor([len(p) for p in ordered]),
+                       features=hidden[:, -d:].contiguous(), topk_ids=torch.cat([r.topk_ids for r in records]),
+                       topk_probs=torch.cat([r.topk_probs for r in records]).float(), token_counts=counts,
+                       aux=hidden[:, :-d].contiguous() if layers else None)
+
+
 def sequence_order(prompts: int, temperatures: int) -> list[tuple[int, int]]:
     """(prompt index, temperature index) of each sequence of a data set, in its order: prompt i is
     answered at temperature i mod `temperatures`, and the prompts of one temperature come together."""
     return [(i, k) for k in range(temperatures) for i in range(k, prompts, temperatures)]
 
 
-def build_data(target, recipe: DataRecipe, log=print) -> DistillData:
-    """Sample the target (a LoadedModel) and record its teacher signal; cached by target and recipe."""
+def build_data(target, recipe: DataRecipe, log=print, backend=None) -> DistillData:
+    """Sample the target (a LoadedModel) and record its teacher signal; cached by target, recipe and
+    (engine sampler) the backend's numeric path. backend: what the engine sampler runs on (default:
+    the target's backend as generation would choose it, backends.lean.target_backend)."""
     from tqdm import tqdm
 
+    if recipe.sampler not in SAMPLERS:
+        raise ValueError(f"unknown sampler {recipe.sampler!r}: use {' or '.join(SAMPLERS)}")
     identity = target_identity(target)
     folder, stem = cache_dir() / "distill", identity["name"].replace("/", "_")
-    path = folder / f"{stem}-{recipe.key(identity, target.dtype)}.safetensors"
+    if recipe.sampler == "engine" and backend is None:
+        from ..backends.lean import target_backend
+
+        backend = target_backend(target)
+    numeric_path = backend.path if recipe.sampler == "engine" else "transformers"
+    path = folder / f"{stem}-{recipe.key(identity, target.dtype, numeric_path)}.safetensors"
     if path.is_file():
         log(f"distillation data: {path} (cached)")
         return DistillData.load(path)
+    if recipe.sampler == "engine":
+        data = _engine_data(target, backend, recipe)
+        data.save(path)
+        log(f"distillation data: {data.sequences} sequences, {data.tokens.numel()} positions "
+            f"({int(data.token_counts.sum())} answer tokens, sampled on {numeric_path}) -> {path}")
+        return data
     model, tokenizer, eos = target.model, target.tokenizer, target.eos_token_ids
     plain = folder / f"{stem}-{replace(recipe, aux_layers=()).key(identity, target.dtype)}.safetensors"
     if recipe.aux_layers and plain.is_file():  # the same answers without aux features: one teacher pass adds them
