@@ -301,9 +301,18 @@ def test_cli_train_then_generate(tiny_dirs, tmp_path, monkeypatch, capsys):
             "--chat-max-new-tokens", "6"]
     assert main(args) == 0
     data = json.loads((out / "config.json").read_text())["recipe"]["data"]
-    assert data["chat_prompts"] == 4 and data["positions"] > 0
+    assert data["chat_prompts"] == 4 and data["positions"] > 0 and data["sampled_on"] == "lean"
     assert main(args) == 1  # will not overwrite without --overwrite
     assert "--overwrite" in capsys.readouterr().err
+    for how in (["--sampler", "transformers"], []):  # asked for; and where the backend holds one sequence only
+        if not how:
+            monkeypatch.setattr(LeanBackend, "can_fork", False)
+        assert main([*args, *how, "--out", str(tmp_path / "other"), "--overwrite"]) == 0  # the last --out counts
+        assert json.loads((tmp_path / "other" / "config.json").read_text())["recipe"]["data"]["sampled_on"] == "transformers"
+    assert "sampling with transformers instead" in capsys.readouterr().err
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    assert len(list((tmp_path / "cache" / "distill").iterdir())) == 4  # two recipes, by each sampler
     assert main(["generate", "hello", "--target", str(tiny_dirs["chat"]), "--drafter", str(out), "--dtype", "float32",
                  "--max-new-tokens", "8", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stats"]["drafter"].startswith("medusa:")

@@ -71,7 +71,13 @@ def run(args: argparse.Namespace) -> int:
         from ..backends.lean import target_backend
 
         backend = target_backend(target, dtype_choice=args.dtype)
-        log(f"sampling the target on {backend.path}")
+        if backend.can_fork:
+            log(f"sampling the target on {backend.path}")
+        else:  # one sequence at a time would be far slower than transformers' batched sampler
+            log(f"the {backend.path} backend runs one sequence at a time: sampling with transformers instead")
+            backend = None
+            for r in recipes:
+                r.sampler = "transformers"
     start = None
     if earlier is not None:
         from ..drafters.trained import read_net
