@@ -25,6 +25,7 @@ import hashlib
 import json
 import random
 import sys
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -305,22 +306,30 @@ def build_data(target, recipe: DataRecipe, log=print, backend=None) -> DistillDa
     if path.is_file():
         log(f"distillation data: {path} (cached)")
         return DistillData.load(path)
-    if recipe.sampler == "engine":
-        data = _engine_data(target, backend, recipe)
-        data.save(path)
-        log(f"distillation data: {data.sequences} sequences, {data.tokens.numel()} positions "
-            f"({int(data.token_counts.sum())} answer tokens, sampled on {numeric_path}) -> {path}")
-        return data
-    model, tokenizer, eos = target.model, target.tokenizer, target.eos_token_ids
     plain = folder / f"{stem}-{replace(recipe, aux_layers=()).key(identity, target.dtype)}.safetensors"
-    if recipe.aux_layers and plain.is_file():  # the same answers without aux features: one teacher pass adds them
+    if recipe.sampler == "transformers" and recipe.aux_layers and plain.is_file():
+        # the same answers without aux features: one teacher pass adds them
         data = DistillData.load(plain)
         with tqdm(total=data.sequences, desc="teacher pass (aux features)", unit="seq", file=sys.stderr) as bar:
-            *_, data.aux = _teacher(model, data.sequence_list(), recipe.topk, max(1, recipe.batch // 4), bar.update,
-                                    recipe.aux_layers)
+            *_, data.aux = _teacher(target.model, data.sequence_list(), recipe.topk, max(1, recipe.batch // 4),
+                                    bar.update, recipe.aux_layers)
         data.save(path)
         log(f"distillation data: {plain} + aux features of layers {list(recipe.aux_layers)} -> {path}")
         return data
+    start = time.perf_counter()
+    data = _engine_data(target, backend, recipe) if recipe.sampler == "engine" else _transformers_data(target, recipe)
+    data.save(path)
+    seconds, answers = time.perf_counter() - start, int(data.token_counts.sum())
+    log(f"distillation data: {data.sequences} sequences, {data.tokens.numel()} positions, {answers} answer tokens "
+        f"in {seconds:.0f} s ({answers / max(seconds, 1e-9) * 3600:,.0f} an hour, on {numeric_path}) -> {path}")
+    return data
+
+
+def _transformers_data(target, recipe: DataRecipe) -> DistillData:
+    """The recipe's data sampled with transformers' model, then one teacher-forced pass."""
+    from tqdm import tqdm
+
+    model, tokenizer, eos = target.model, target.tokenizer, target.eos_token_ids
     pairs = recipe.prompts_text()
     prompts = [target.encode(text)[-recipe.max_prompt_tokens :] for _, text in pairs]
     torch.manual_seed(recipe.seed)
@@ -344,7 +353,4 @@ def build_data(target, recipe: DataRecipe, log=print, backend=None) -> DistillDa
                        offsets=torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
                        prompt_lengths=torch.tensor([len(p) for p in ordered]), features=features,
                        topk_ids=topk_ids, topk_probs=topk_probs, token_counts=counts, aux=aux)
-    data.save(path)
-    log(f"distillation data: {data.sequences} sequences, {data.tokens.numel()} positions "
-        f"({sum(map(len, answers))} answer tokens) -> {path}")
     return data
