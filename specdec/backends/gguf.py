@@ -60,8 +60,8 @@ class GGUFWeights:
     @classmethod
     def read(cls, path: Path) -> GGUFWeights:
         """The file's blocks, from a copy cached after the first read (gguf's reader parses every
-        metadata field, the tokenizer's ~100k strings included: ~6 s for SmolLM2's file here, where
-        the copy loads in a fraction of a second); the copy is keyed by the file's size and time."""
+        metadata field, the tokenizer's strings included: 3.7 s for SmolLM2's file here, 16.5 s for
+        Gemma-3's, where the copy loads in 0.01 s); the copy is keyed by the file's size and time."""
         path = Path(path)
         copy = _cached_copy(path)
         if copy.is_file():

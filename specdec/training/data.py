@@ -266,7 +266,7 @@ def _engine_data(target, backend, recipe: DataRecipe) -> DistillData:
                                     layers + (final,) if layers else (), recipe.batch, generator=generator,
                                     progress=bar.update)
     d = target.model.config.get_text_config().hidden_size
-    hidden = torch.cat([r.hidden for r in records]).to(torch.bfloat16)
+    hidden = torch.cat([r.hidden for r in records])
     width = target.model.get_output_embeddings().weight.shape[0]
     counts = torch.zeros(width, dtype=torch.long)
     for r in records:

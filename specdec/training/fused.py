@@ -37,7 +37,7 @@ class Answered:
     hidden states (the recorded layers, concatenated) and top-k next-token ids and probabilities."""
 
     answer: list[int]
-    hidden: torch.Tensor  # (n, k*d)
+    hidden: torch.Tensor  # (n, k*d) bfloat16, as the data keeps them
     topk_ids: torch.Tensor  # (n, K)
     topk_probs: torch.Tensor  # (n, K)
 
@@ -67,7 +67,8 @@ def sample_and_record(target: Backend, prompts: list[list[int]], temperatures: l
     layers: the hidden states to record (Backend.hidden_layers: () the final-norm features; the
     index N, the number of layers, is the final-norm output among other layers' inputs).
     batch: sequences at once (1 where the target cannot fork); row_budget: the most prompt rows of
-    one step, shared by the sequences still reading their prompts (decoding rows come first)."""
+    one step, shared by the sequences still reading their prompts (decoding rows come first).
+    The target's own sequence is one of them: it is left empty, recording nothing."""
     if len(prompts) != len(temperatures):
         raise ValueError(f"{len(prompts)} prompts but {len(temperatures)} temperatures")
     if any(not p for p in prompts):
@@ -119,12 +120,13 @@ def sample_and_record(target: Backend, prompts: list[list[int]], temperatures: l
                 run.ended = token in eos or len(run.answer) >= max_new_tokens
         for place in ends:
             run, sequence = running[place], sequences[place]
-            done[run.index] = Answered(run.answer, sequence.hidden(0, run.fed).clone(), torch.cat(run.ids),
+            done[run.index] = Answered(run.answer, sequence.hidden(0, run.fed).to(torch.bfloat16), torch.cat(run.ids),
                                        torch.cat(run.probs))
             progress(1)
             start(place)
     for sequence in sequences:
         sequence.record_features(False)
+        sequence.reset()
     return [done[i] for i in range(len(prompts))]
 
 
