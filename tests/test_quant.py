@@ -315,6 +315,8 @@ def test_blocks_are_read_once_then_from_a_cached_copy(tmp_path, monkeypatch):
     """GGUFWeights.read keeps a copy of the file's blocks (gguf's reader takes seconds on a real
     file's metadata): a second read gives the same blocks from the copy, a changed file is read
     again, and an unreadable copy is replaced, not an error."""
+    import os
+
     import gguf
     import gguf.quants
 
@@ -349,7 +351,9 @@ def test_blocks_are_read_once_then_from_a_cached_copy(tmp_path, monkeypatch):
     copies[0].write_bytes(b"not safetensors")
     assert same(GGUFWeights.read(path), parsed)  # read again, the copy rewritten
     assert same(GGUFWeights.read(path), parsed)
+    before = path.stat().st_mtime_ns
     write(1)
+    os.utime(path, ns=(before + 10**9, before + 10**9))  # a later time even where timestamps are coarse
     changed = GGUFWeights.read(path)
     assert not torch.equal(changed.tensors["blk.0.attn_q.weight"].blocks, parsed.tensors["blk.0.attn_q.weight"].blocks)
 
