@@ -158,6 +158,21 @@ class DistillData:
                            torch.cat([p.features for p in parts]), torch.cat([p.topk_ids for p in parts]),
                            torch.cat([p.topk_probs for p in parts]), sum(p.token_counts for p in parts), aux)
 
+    @staticmethod
+    def of(prompts: list[list[int]], answers: list[list[int]], width: int, features: torch.Tensor,
+           topk_ids: torch.Tensor, topk_probs: torch.Tensor, aux: torch.Tensor | None) -> DistillData:
+        """Data of sequences prompt + answer, in order, with their per-position records; `width`: the
+        target's vocabulary (the answers' token counts)."""
+        counts = torch.zeros(width, dtype=torch.long)
+        for a in answers:
+            if a:
+                counts += torch.bincount(torch.tensor(a, dtype=torch.long), minlength=width)[:width]
+        lengths = torch.tensor([len(p) + len(a) for p, a in zip(prompts, answers)])
+        return DistillData(tokens=torch.tensor([t for p, a in zip(prompts, answers) for t in p + a]),
+                           offsets=torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+                           prompt_lengths=torch.tensor([len(p) for p in prompts]), features=features,
+                           topk_ids=topk_ids, topk_probs=topk_probs, token_counts=counts, aux=aux)
+
     def sequence_list(self) -> list[list[int]]:
         """Each sequence's token ids (prompt and answer)."""
         return [self.tokens[int(a) : int(b)].tolist() for a, b in zip(self.offsets[:-1], self.offsets[1:])]
@@ -252,33 +267,30 @@ def _engine_data(target, backend, recipe: DataRecipe) -> DistillData:
 
     from .fused import sample_and_record
 
-    pairs = recipe.prompts_text()
-    prompts = [target.encode(text)[-recipe.max_prompt_tokens :] for _, text in pairs]
-    order = sequence_order(len(prompts), len(recipe.temperatures))
-    ordered = [prompts[i] for i, _ in order]
+    ordered, groups = _ordered_prompts(target, recipe)
     layers = tuple(recipe.aux_layers)
     final = target.model.config.get_text_config().num_hidden_layers  # "layer N": the final-norm features
     generator = torch.Generator().manual_seed(recipe.seed)
     with tqdm(total=len(ordered), desc=f"sampling and recording ({backend.path})", unit="prompt",
               file=sys.stderr) as bar:
-        records = sample_and_record(backend, ordered, [recipe.temperatures[k] for _, k in order],
+        records = sample_and_record(backend, ordered, [recipe.temperatures[k] for k in groups],
                                     recipe.max_new_tokens, target.eos_token_ids, recipe.topk,
                                     layers + (final,) if layers else (), recipe.batch, generator=generator,
                                     progress=bar.update)
     d = target.model.config.get_text_config().hidden_size
     hidden = torch.cat([r.hidden for r in records])
-    width = target.model.get_output_embeddings().weight.shape[0]
-    counts = torch.zeros(width, dtype=torch.long)
-    for r in records:
-        if r.answer:
-            counts += torch.bincount(torch.tensor(r.answer, dtype=torch.long), minlength=width)[:width]
-    lengths = torch.tensor([len(p) + len(r.answer) for p, r in zip(ordered, records)])
-    return DistillData(tokens=torch.tensor([t for p, r in zip(ordered, records) for t in p + r.answer]),
-                       offsets=torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
-                       prompt_lengths=torch.tensor([len(p) for p in ordered]),
-                       features=hidden[:, -d:].contiguous(), topk_ids=torch.cat([r.topk_ids for r in records]),
-                       topk_probs=torch.cat([r.topk_probs for r in records]).float(), token_counts=counts,
-                       aux=hidden[:, :-d].contiguous() if layers else None)
+    return DistillData.of(ordered, [r.answer for r in records], target.model.get_output_embeddings().weight.shape[0],
+                          hidden[:, -d:].contiguous(), torch.cat([r.topk_ids for r in records]),
+                          torch.cat([r.topk_probs for r in records]).float(),
+                          hidden[:, :-d].contiguous() if layers else None)
+
+
+def _ordered_prompts(target, recipe: DataRecipe) -> tuple[list[list[int]], list[int]]:
+    """The recipe's prompts as token ids in the data's sequence order (sequence_order), and the index
+    of the temperature each is answered at."""
+    prompts = [target.encode(text)[-recipe.max_prompt_tokens :] for _, text in recipe.prompts_text()]
+    order = sequence_order(len(prompts), len(recipe.temperatures))
+    return [prompts[i] for i, _ in order], [k for _, k in order]
 
 
 def sequence_order(prompts: int, temperatures: int) -> list[tuple[int, int]]:
@@ -330,27 +342,16 @@ def _transformers_data(target, recipe: DataRecipe) -> DistillData:
     from tqdm import tqdm
 
     model, tokenizer, eos = target.model, target.tokenizer, target.eos_token_ids
-    pairs = recipe.prompts_text()
-    prompts = [target.encode(text)[-recipe.max_prompt_tokens :] for _, text in pairs]
+    ordered, groups = _ordered_prompts(target, recipe)
     torch.manual_seed(recipe.seed)
     answers: list[list[int]] = []
-    order = sequence_order(len(prompts), len(recipe.temperatures))
-    with tqdm(total=len(prompts), desc="sampling the target", unit="prompt", file=sys.stderr) as bar:
-        for k, temperature in enumerate(recipe.temperatures):
-            share = [prompts[i] for i, group in order if group == k]
+    with tqdm(total=len(ordered), desc="sampling the target", unit="prompt", file=sys.stderr) as bar:
+        for k, temperature in enumerate(recipe.temperatures):  # the sequences of one temperature come together
+            share = [p for p, group in zip(ordered, groups) if group == k]
             answers += _answers(model, tokenizer, share, temperature, recipe, eos, bar.update)
-    ordered = [prompts[i] for i, _ in order]
     sequences = [p + a for p, a in zip(ordered, answers)]
     with tqdm(total=len(sequences), desc="teacher pass", unit="seq", file=sys.stderr) as bar:
         features, topk_ids, topk_probs, aux = _teacher(model, sequences, recipe.topk, max(1, recipe.batch // 4),
                                                        bar.update, recipe.aux_layers)
-    width = model.get_output_embeddings().weight.shape[0]
-    counts = torch.zeros(width, dtype=torch.long)
-    for a in answers:
-        counts += torch.bincount(torch.tensor(a, dtype=torch.long), minlength=width)[:width] if a else 0
-    lengths = torch.tensor([len(s) for s in sequences])
-    data = DistillData(tokens=torch.tensor([t for s in sequences for t in s]),
-                       offsets=torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
-                       prompt_lengths=torch.tensor([len(p) for p in ordered]), features=features,
-                       topk_ids=topk_ids, topk_probs=topk_probs, token_counts=counts, aux=aux)
-    return data
+    return DistillData.of(ordered, answers, model.get_output_embeddings().weight.shape[0], features, topk_ids,
+                          topk_probs, aux)
