@@ -1,8 +1,14 @@
-"""Issue 7 benchmark: one target step (1 and 8 positions) against the machine's memory bound and its
-multiply-add floor, for the lean backend on kernels.cpp, the lean backend on oneDNN and transformers;
-and plain decoding tokens/s against transformers' generate(). bf16, side by side, interleaved.
+"""The cost of one target pass by the number of positions it scores, on each bf16 path of the lean
+backend, side by side and interleaved: v(n) = cost(n positions) / cost(1) for n = 1 .. 64, one
+position against the memory bound, and prefill tokens/s on a long prompt; then plain decoding
+against transformers' generate().
 
-    .venv/bin/python scripts/bench_step.py [--target smollm2-135m] [--repeats 30]
+    .venv/bin/python scripts/bench_step.py [--target smollm2-135m] [--repeats 15] [--prefill 1500]
+        [--rows 1,2,4,8,16,32,64] [--no-plain]
+
+Paths: "lean+tiles" (kernels.cpp on AMX tiles, where the CPU has them), "lean+kernels" (kernels.cpp's
+AVX-512 BF16 dot products, passes of up to 16 rows; longer ones fall to oneDNN), "lean" (oneDNN's
+pre-packed products, the path without kernels.cpp).
 """
 
 import argparse
@@ -11,7 +17,7 @@ import time
 
 import torch
 
-from specdec.backends import LeanBackend, TransformersBackend
+from specdec.backends import LeanBackend
 from specdec.bench.peers import hf_generate
 from specdec.config import SamplingParams, SpecConfig
 from specdec.engine import SpeculativeEngine
@@ -36,27 +42,11 @@ def bandwidth(size_mb: int = 512, repeats: int = 10) -> tuple[float, float]:
     return nbytes / min(reads) / 1e9, 2 * nbytes / min(copies) / 1e9
 
 
-def multiply_add_rate(kern, rows: int = 16, repeats: int = 30) -> float:
-    """Multiply-adds per second of the bf16 linear kernel on a cache-resident matrix: the compute
-    ceiling a step of `rows` positions meets once it is no longer waiting on memory."""
-    w = torch.randn(1024, 576).to(torch.bfloat16)
-    x = torch.randn(rows, 576).to(torch.bfloat16)
-    kern.linear(x, w)
-    best = min(_timed(lambda: kern.linear(x, w)) for _ in range(repeats))
-    return rows * w.numel() / best
-
-
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
 def step_times(backend, context: torch.Tensor, positions: int, repeats: int) -> list[float]:
     backend.reset()
-    backend.forward(context)
+    backend.prefill(context)
     times = []
-    draft = torch.randint(0, 1000, (positions,))
+    draft = torch.randint(0, 1000, (positions,), generator=torch.Generator().manual_seed(positions))
     for _ in range(repeats):
         t = time.perf_counter()
         backend.forward(draft)
@@ -65,45 +55,78 @@ def step_times(backend, context: torch.Tensor, positions: int, repeats: int) -> 
     return times
 
 
+def prefill_seconds(backend, prompt: torch.Tensor) -> float:
+    backend.reset()
+    t = time.perf_counter()
+    backend.append(prompt)
+    return time.perf_counter() - t
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--target", default="smollm2-135m")
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--rows", default="1,2,4,8,16,32,64")
+    parser.add_argument("--prefill", type=int, default=1500, help="prompt length for the prefill rate (0: skip)")
+    parser.add_argument("--no-plain", action="store_true", help="skip plain decoding against generate()")
     args = parser.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
     loaded = load_model(args.target, "bfloat16")
     weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     read_gbs, copy_gbs = bandwidth()
     bound_ms = weight_bytes / (read_gbs * 1e9) * 1e3
     print(f"weights {weight_bytes / 1e6:.0f} MB; read bandwidth {read_gbs:.1f} GB/s, copy {copy_gbs:.1f} GB/s; "
           f"memory bound of one step {bound_ms:.1f} ms")
-    context = torch.tensor(loaded.tokenizer("The quick brown fox jumps over the lazy dog. " * 20)["input_ids"][:200])
     t0 = time.perf_counter()
     kern = kernels.load()
+    tiles = "yes" if kern and kern.tiles else (kern.tiles_reason if kern else "no")
     print(f"kernels.cpp: {'loaded' if kern else 'unavailable: ' + str(kernels.unavailable_reason())} in "
-          f"{time.perf_counter() - t0:.1f} s (a first build on a machine takes ~30 s, then it is cached)")
-    params = weight_bytes // 2
-    if kern:
-        rate = multiply_add_rate(kern)
-        print(f"bf16 multiply-add rate {rate / 1e9:.0f} G/s: a step of 8 positions needs at least "
-              f"{8 * params / rate * 1e3:.1f} ms of arithmetic")
-    t0 = time.perf_counter()
-    lean = LeanBackend(loaded.model)
-    lean.forward(context[:4])
-    print(f"lean backend set-up and first call: {time.perf_counter() - t0:.2f} s")
-    backends = {lean.path: lean, "lean (oneDNN)": LeanBackend(loaded.model, use_kernels=False),
-                "transformers": TransformersBackend(loaded.model)}
-    for positions in (1, 8):
-        rows = {}
-        for backend in backends.values():
-            step_times(backend, context, positions, 3)  # warm-up
-        for _ in range(3):  # interleave the backends
+          f"{time.perf_counter() - t0:.1f} s; AMX tiles: {tiles}")
+    backends = {}
+    if kern is not None and kern.tiles:
+        backends["lean+tiles"] = LeanBackend(loaded.model)
+    if kern is not None:
+        backends["lean+kernels"] = LeanBackend(loaded.model, use_tiles=False)
+    backends["lean (oneDNN)"] = LeanBackend(loaded.model, use_kernels=False)
+    text = "The quick brown fox jumps over the lazy dog. " * 200
+    all_ids = torch.tensor(loaded.tokenizer(text)["input_ids"])
+    context = all_ids[:200]
+    times: dict[tuple[str, int], list[float]] = {}
+    for backend in backends.values():
+        step_times(backend, context, 4, 2)  # warm-up
+    for n in rows:
+        for _ in range(3):  # interleave the paths
             for name, backend in backends.items():
-                rows.setdefault(name, []).extend(step_times(backend, context, positions, args.repeats // 3))
-        for name, times in rows.items():
-            med = statistics.median(times) * 1e3
-            q = statistics.quantiles(times, n=4)
-            print(f"{positions} position(s), {name:14s}: median {med:.1f} ms (IQR {q[0]*1e3:.1f}-{q[2]*1e3:.1f}), "
-                  f"{med / bound_ms:.2f}x the memory bound")
+                times.setdefault((name, n), []).extend(step_times(backend, context, n, max(1, args.repeats // 3)))
+    print(f"\none pass of n positions after a {context.numel()}-token context, median ms (IQR), v(n) = cost(n) / cost(1):")
+    print("| n | " + " | ".join(backends) + " |")
+    print("|---|" + "---|" * len(backends))
+    for n in rows:
+        cells = []
+        for name in backends:
+            med = statistics.median(times[name, n]) * 1e3
+            q = statistics.quantiles(times[name, n], n=4)
+            base = statistics.median(times[name, rows[0]]) * 1e3
+            cells.append(f"{med:.1f} ({q[0] * 1e3:.1f}-{q[2] * 1e3:.1f}) v={med / base:.2f}")
+        print(f"| {n} | " + " | ".join(cells) + " |")
+    for name in backends:
+        med = statistics.median(times[name, 1]) * 1e3
+        print(f"{name}: one position {med:.1f} ms = {med / bound_ms:.2f}x the memory bound")
+    if args.prefill:
+        prompt = all_ids[: args.prefill]
+        for backend in backends.values():
+            prefill_seconds(backend, prompt[:64])
+        seconds = {name: [] for name in backends}
+        for _ in range(3):
+            for name, backend in backends.items():
+                seconds[name].append(prefill_seconds(backend, prompt))
+        print(f"\nprefill of a {prompt.numel()}-token prompt (median of 3):")
+        for name, values in seconds.items():
+            med = statistics.median(values)
+            print(f"  {name:14s} {med * 1e3:.0f} ms, {prompt.numel() / med:.0f} tokens/s")
+    if args.no_plain:
+        return
+    lean = next(iter(backends.values()))
     prompts = [p.text for task in ("code", "chat") for p in task_prompts(task, 2, seed=0)]
     ratios = []
     greedy = SamplingParams()
@@ -111,13 +134,12 @@ def main() -> None:
         ids = loaded.encode(text)
         plain = SpeculativeEngine(lean, None, loaded.eos_token_ids)
         run = plain.generate(ids, greedy, SpecConfig(gamma=0, max_new_tokens=64)).run()
-        tokens, seconds = hf_generate(loaded.model, ids, greedy, 64, loaded.eos_token_ids)
+        tokens, seconds_taken = hf_generate(loaded.model, ids, greedy, 64, loaded.eos_token_ids)
         ours = run.stats.tokens_per_second
-        theirs = len(tokens) / seconds
+        theirs = len(tokens) / seconds_taken
         ratios.append(ours / theirs)
         print(f"plain decoding: {lean.path} {ours:.1f} tok/s vs transformers generate() {theirs:.1f} tok/s "
-              f"({ours / theirs:.2f}x); "
-              f"identical: {run.tokens == tokens}")
+              f"({ours / theirs:.2f}x); identical: {run.tokens == tokens}")
     print(f"plain decoding speedup over generate(): median {statistics.median(ratios):.2f}x "
           f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
 

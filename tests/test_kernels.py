@@ -117,7 +117,7 @@ def test_lean_bf16_runs_on_the_kernels_and_agrees_with_its_aten_path(kern, make)
     from specdec.backends.lean import LeanBackend
 
     model = make().to(torch.bfloat16)
-    fast, aten = LeanBackend(model), LeanBackend(model, use_kernels=False)
+    fast, aten = LeanBackend(model, use_tiles=False), LeanBackend(model, use_kernels=False)  # tiles: test_tiles.py
     assert (fast.path, aten.path) == ("lean+kernels", "lean")
     ids = torch.randint(0, 40, (40,), generator=torch.Generator().manual_seed(0))
     for chunk in (ids[:20], ids[20:21], ids[21:29], ids[29:30], ids[30:40]):  # prefill on ATen, steps on kernels

@@ -61,13 +61,16 @@ def supports(model) -> bool:
 
 class LeanBackend(Backend):
     path = "lean"
-    """"lean+kernels" when the bf16 steps run on kernels.cpp, "lean" when on oneDNN (fp32, or no kernels)."""
+    """"lean+tiles" when bf16 passes run on kernels.cpp with the weights on AMX tiles, "lean+kernels" when
+    bf16 steps of up to KERNEL_ROWS run on its AVX-512 dot products, "lean" on oneDNN (fp32, or no kernels)."""
 
     def __init__(self, model, use_kernels: bool = True, gguf: Path | GGUFWeights | None = None,
-                 int8_activations: bool = False):
+                 int8_activations: bool = False, use_tiles: bool = True):
         """gguf: the GGUF file `model` was converted from (or its blocks, read), which then serve as
         the linear layers' and LM head's weights (float32 models only; see backends/gguf.py);
-        int8_activations: multiply them with activations quantised to int8 (quant.quant_linear)."""
+        int8_activations: multiply them with activations quantised to int8 (quant.quant_linear);
+        use_tiles: pack bf16 weights for AMX tiles where the kernels run them (use_tiles=False keeps
+        the AVX-512 dot products, e.g. to compare the two)."""
         super().__init__()
         config = model.config
         self.model = model  # the transformers model the weights come from (peers and drafters reuse it)
@@ -86,9 +89,14 @@ class LeanBackend(Backend):
         kern = kernels.load() if bf16_cpu and use_kernels else None
         self.packed = (self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float32) and kern is None
                        and can_pack(self.dtype))
+        self.tiles = kern is not None and kern.tiles and use_tiles
+        self.decoder_kernels = kern
         if kern is not None:
-            self.path = "lean+kernels"
-            self.fast_rows = KERNEL_ROWS
+            self.path = "lean+tiles" if self.tiles else "lean+kernels"
+            # on tiles every pass is on the one path, prefill included: as many rows as the model holds
+            self.fast_rows = config.max_position_embeddings if self.tiles else KERNEL_ROWS
+            self.fast_trees = True
+            self.cheap_rows = self.tiles
         self.gguf = None
         if gguf is not None:
             if self.dtype != torch.float32 or self.device.type != "cpu":
@@ -114,7 +122,8 @@ class LeanBackend(Backend):
             linear = quant.quant_linear(linear, int8_activations)
             step = quant.layer_step(self.arch, layers, int8_activations)
         rows = rowops.load() if self.dtype == torch.float32 and self.device.type == "cpu" else None
-        self.decoder = Decoder(self.arch, layers, rope, linear, kern, rows, step)
+        self.decoder = Decoder(self.arch, layers, rope, linear, kern, rows, step,
+                               kernel_rows=None if self.tiles else KERNEL_ROWS)
         self.cache = self.decoder.new_cache(self.max_length)
 
     @property
@@ -126,6 +135,8 @@ class LeanBackend(Backend):
             share = self.params_on_blocks / self.params_total
             activations = "int8" if self.path.endswith("int8") else "float32"
             return f"GGUF blocks x {activations} activations on quant.cpp ({share:.0%} of the weights)"
+        if self.tiles:
+            return "kernels.cpp (AMX tiles)"
         if self.kernels is not None and rows <= KERNEL_ROWS:
             return "kernels.cpp"
         return "oneDNN (pre-packed)" if self.packed else "ATen"
@@ -170,6 +181,8 @@ class LeanBackend(Backend):
             if chosen is not None:
                 self.params_on_blocks += weight.numel()
                 return chosen
+        if self.tiles:
+            return self.decoder_kernels.pack(weight)
         return pack(weight) if self.packed else weight.detach().contiguous()
 
     def _reset(self) -> None:
@@ -179,7 +192,7 @@ class LeanBackend(Backend):
         self.cache.length = length  # rejected slots are overwritten next round
 
     supports_trees = True
-    """Tree passes run on ATen (or oneDNN) whatever their size: the kernels attend causally."""
+    """Tree passes run where chains of their size run (kernels.cpp attends through the tree's mask)."""
 
     def _forward_tree(self, ids: torch.Tensor, layout, start: int) -> torch.Tensor:
         return self._forward(ids, start, layout)

@@ -120,10 +120,11 @@ class PromptLookupTreeDrafter(PromptLookupDrafter):
 
 
 class AutoPromptLookup(PromptLookupTreeDrafter):
-    """The default drafter's prompt lookup: every match as a token tree where the target has no
-    row-invariant fast path (every pass runs on ATen or oneDNN, where a tree of 12 nodes costs
-    about what a chain of 4 does), the most recent match as a chain where chains of up to 16
-    positions run on kernels.cpp and trees would leave them. Measured on an AMD EPYC in float32
+    """The default drafter's prompt lookup: every match as a token tree where rows are cheap (AMX
+    tiles: a 16-node tree costs about one position) or where the target has no row-invariant fast
+    path (every pass runs on ATen or oneDNN, where a tree of 12 nodes costs about what a chain of 4
+    does); the most recent match as a chain where chains of up to 16 positions run on kernels.cpp's
+    dot products, whose cost grows with every row. Measured on an AMD EPYC in float32
     (docs/results.md): the tree gives 2.0-3.2x plain on code, code editing and summaries against
     the chain's 1.3-1.7x."""
 
@@ -132,7 +133,7 @@ class AutoPromptLookup(PromptLookupTreeDrafter):
         self.trees = True
 
     def bind(self, target) -> None:
-        self.trees = target.fast_rows is None
+        self.trees = target.fast_rows is None or target.cheap_rows
         self.name = "prompt-lookup-tree" if self.trees else "prompt-lookup"
 
     def propose(

@@ -7,10 +7,13 @@ after) -> residual. It runs on two paths with the same rounding points as transf
 - ATen ops, any dtype, any batch and length: training (causal, no cache), prefill, fp32, and bf16
   without the kernels. Linear layers go through a `linear(x, weight)` the owner chooses
   (F.linear, or oneDNN's pre-packed product from `packing`).
-- kernels.cpp (bf16, one sequence, up to KERNEL_ROWS positions): nine calls a layer, streaming the
-  weights at memory speed.
+- kernels.cpp (bf16): nine calls a layer, streaming the weights at memory speed, for passes of up to
+  KERNEL_ROWS positions on AVX-512 BF16 dot products, or of any number (decode, verification, token
+  trees, several sequences, prefill) where the weights are packed for AMX tiles. Its numbers do not
+  depend on how many positions a pass scores, nor on whether they sit in a chain or a tree.
 
-`Decoder` runs a stack of layers over a `KVCache` and picks the path by the number of positions.
+`Decoder` runs a stack of layers over one or more `KVCache`s and picks the path by the number of
+positions.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ from .rope import RopeTable, rotate
 from .tree import TreeLayout
 
 KERNEL_ROWS = 16
-"""Steps of up to this many positions run on kernels.cpp (decode and verification); longer ones
-(prefill) on ATen's GEMM, which is faster where there is arithmetic to do."""
+"""Without AMX tiles, steps of up to this many positions run on kernels.cpp (decode and verification);
+longer ones (prefill) on ATen's GEMM, which is faster where there is arithmetic to do."""
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 LayerStep = Callable[..., torch.Tensor]
@@ -161,16 +164,28 @@ def causal_attend(arch: Arch) -> Attend:
                                                           enable_gqa=arch.n_kv != arch.n_heads)
 
 
-def layer_kernels(kern, h: torch.Tensor, w: LayerWeights, arch: Arch, rope: RopeTable, cache: KVCache, index: int,
-                  start: int, attn_input: torch.Tensor | None = None) -> torch.Tensor:
-    """One decoder layer on kernels.cpp: h (T, d) bf16 at positions start..; writes the cache.
-    attn_input: as layer_aten's."""
+def layer_kernels(kern, h: torch.Tensor, w: LayerWeights, arch: Arch, rope: RopeTable, segments: list[Segment],
+                  index: int, masks: dict, attn_input: torch.Tensor | None = None) -> torch.Tensor:
+    """One decoder layer on kernels.cpp: h (T, d) bf16 holding each segment's rows in turn; writes
+    each segment's keys and values into its cache. The linear layers see all rows at once; attention
+    runs per segment (a tree's rows at their depths, seeing their ancestors). attn_input: as layer_aten's."""
     eps, gemma, norms = arch.eps, arch.gemma, w.norms
     x = kern.rms_norm(h, norms["attn_in"], eps) if attn_input is None else attn_input.contiguous()
     qkv = kern.linear(x, w.wqkv)
     cos, sin = rope.full(w.rope)
-    attn = kern.attend(qkv, arch.n_heads, arch.n_kv, cos, sin, cache.k[index], cache.v[index], start, w.window or 0,
-                       arch.scale, norms.get("q"), norms.get("k"), eps)
+    parts, row = [], 0
+    for key, s in enumerate(segments):
+        rows = qkv if len(segments) == 1 else qkv[row : row + s.rows]
+        row += s.rows
+        k_cache, v_cache = s.cache.k[index], s.cache.v[index]
+        if s.tree is None:
+            parts.append(kern.attend(rows, arch.n_heads, arch.n_kv, cos, sin, k_cache, v_cache, s.start, w.window or 0,
+                                     arch.scale, norms.get("q"), norms.get("k"), eps))
+        else:
+            lo, mask = visible_slots(s, w.window, masks, key)
+            parts.append(kern.attend(rows, arch.n_heads, arch.n_kv, cos, sin, k_cache, v_cache, s.start, w.window or 0,
+                                     arch.scale, norms.get("q"), norms.get("k"), eps, s.positions(), lo, mask))
+    attn = parts[0] if len(parts) == 1 else torch.cat(parts)
     if gemma:
         h = h + kern.rms_norm(kern.linear(attn, w.wo), norms["attn_out"], eps)
     else:
@@ -179,6 +194,29 @@ def layer_kernels(kern, h: torch.Tensor, w: LayerWeights, arch: Arch, rope: Rope
     if gemma:
         return h + kern.rms_norm(kern.linear(gated, w.wdown), norms["mlp_out"], eps)
     return kern.linear(gated, w.wdown, h)
+
+
+def visible_slots(segment: Segment, window: int | None, masks: dict, key) -> tuple[int, torch.Tensor | None]:
+    """The first cache slot the segment's queries may see, and which of the slots from there each
+    sees ((rows, end - lo) bool; None: all, causally); built once per segment (`key`), window and pass."""
+    cache, start, end, tree = segment.cache, segment.start, segment.end, segment.tree
+    lo = 0 if window is None else max(0, start - window + 1)
+    if (key, window) not in masks:
+        n = end - start
+        if tree is None and n == 1 and (window is None or end - lo <= window):
+            masks[key, window] = None
+        else:
+            positions = segment.positions().to(cache.device)
+            q_pos = positions[:, None]  # (n, 1)
+            k_pos = torch.cat([torch.arange(lo, start, device=cache.device), positions])[None]
+            if tree is None:
+                allowed = k_pos <= q_pos
+            else:  # the context before the root, then the tree's own rows as the layout allows
+                allowed = tree.visible(start - lo).to(cache.device)
+            if window is not None:
+                allowed &= k_pos > q_pos - window
+            masks[key, window] = allowed  # (n, end - lo)
+    return lo, masks[key, window]
 
 
 class Taps:
@@ -202,17 +240,21 @@ class Taps:
 
 
 class Decoder:
-    """A stack of decoder layers run over one sequence's KV cache: on kernels.cpp for bf16 steps of
-    up to KERNEL_ROWS positions when `kernels` is given, on ATen otherwise."""
+    """A stack of decoder layers run over one sequence's KV cache (or several, `run_many`): on
+    kernels.cpp for bf16 passes of up to `kernel_rows` positions when `kernels` is given (any number
+    when the weights are AMX tiles), on ATen otherwise."""
 
     def __init__(self, arch: Arch, layers: list[LayerWeights], rope: RopeTable, linear: Linear = F.linear,
-                 kernels=None, rows=None, layer_step: LayerStep | None = None):
+                 kernels=None, rows=None, layer_step: LayerStep | None = None, kernel_rows: int | None = KERNEL_ROWS):
         """kernels: kernels.cpp (bf16 steps); rows: rowops.cpp (float32 norms and RoPE on ATen passes);
         layer_step: a whole layer of one or more sequences in one call with layer_aten's arithmetic to
-        the bit (quant.layer_step, on GGUF blocks), taken for every float32 pass it can run."""
+        the bit (quant.layer_step, on GGUF blocks), taken for every float32 pass it can run;
+        kernel_rows: the most rows a pass takes to the kernels (None: any, for weights on AMX tiles,
+        whose cost hardly grows with the rows and whose numbers do not depend on them)."""
         self.arch, self.layers, self.rope, self.linear, self.kernels = arch, layers, rope, linear, kernels
         self.rows = rows
         self.layer_step = layer_step if rows is not None else None
+        self.kernel_rows = kernel_rows
 
     def new_cache(self, max_length: int | None = None) -> KVCache:
         return KVCache(len(self.layers), self.arch.n_kv, self.arch.head_dim, self.rope.dtype, self.rope.device,
@@ -220,27 +262,16 @@ class Decoder:
 
     def on_kernels(self, h: torch.Tensor) -> bool:
         """Whether h (T, d) or (1, T, d) takes the kernels."""
-        return (self.kernels is not None and h.dtype == torch.bfloat16 and h.numel() <= KERNEL_ROWS * h.shape[-1])
+        return (self.kernels is not None and h.dtype == torch.bfloat16
+                and (self.kernel_rows is None or h.numel() <= self.kernel_rows * h.shape[-1]))
 
     def run(self, h: torch.Tensor, start: int, cache: KVCache, tree: TreeLayout | None = None,
             prompt: bool = False, attn_input: torch.Tensor | None = None, taps: Taps | None = None) -> torch.Tensor:
         """h (T, d) at positions start..start+T-1 through every layer; writes their keys and values
         into cache slots start..start+T-1 and sets its length to start + T. With a tree, row i sits
-        at position start + depth and sees the cache before `start` and its own ancestors (ATen).
+        at position start + depth and sees the cache before `start` and its own ancestors.
         attn_input: what the first layer's QKV projection reads (layer_aten); taps: layer inputs
         to keep."""
-        if tree is None and self.on_kernels(h):
-            end = start + h.shape[0]
-            cache.ensure(end)
-            self.rope.ensure(end)
-            h = h.contiguous()
-            for i, layer in enumerate(self.layers):
-                if taps is not None:
-                    taps.see(i, h)
-                h = layer_kernels(self.kernels, h, layer, self.arch, self.rope, cache, i, start,
-                                  attn_input if i == 0 else None)
-            cache.length = end
-            return h
         return self.run_many(h, [Segment(cache, start, h.shape[0], tree, prompt)], attn_input, taps)
 
     def run_many(self, h: torch.Tensor, segments: list[Segment], attn_input: torch.Tensor | None = None,
@@ -254,6 +285,8 @@ class Decoder:
         for s in segments:
             s.cache.ensure(s.end)
             self.rope.ensure(s.end)
+        if self.on_kernels(h):
+            return self._run_kernels(h, segments, attn_input, taps)
         single = len(segments) == 1 and segments[0].tree is None
         positions = torch.cat([s.positions() for s in segments])
         masks: dict = {}
@@ -272,7 +305,7 @@ class Decoder:
             if one_call:  # the whole layer in one call: the same numbers as layer_aten below
                 sequences = []
                 for j, s in enumerate(segments):
-                    lo, mask = self._visible(s, layer.window, masks, j)
+                    lo, mask = visible_slots(s, layer.window, masks, j)
                     sequences.append((s.cache.k[i], s.cache.v[i], s.start, lo,
                                       _ALL_VISIBLE if mask is None else mask, s.rows))
                 x = self.layer_step(i, x[0], cos, sin, sequences)[None]
@@ -285,12 +318,25 @@ class Decoder:
             s.cache.length = s.end
         return x[0]
 
+    def _run_kernels(self, h: torch.Tensor, segments: list[Segment], attn_input: torch.Tensor | None,
+                     taps: Taps | None) -> torch.Tensor:
+        masks: dict = {}
+        h = h.contiguous()
+        for i, layer in enumerate(self.layers):
+            if taps is not None:
+                taps.see(i, h)
+            h = layer_kernels(self.kernels, h, layer, self.arch, self.rope, segments, i, masks,
+                              attn_input if i == 0 else None)
+        for s in segments:
+            s.cache.length = s.end
+        return h
+
     def _cached_attend(self, segment: Segment, index: int, window: int | None, masks: dict, key: int) -> Attend:
         """Write the segment's new keys and values at slots start..end-1 of its cache, then attend to
         the slots each query may see: earlier positions within the window, and (in a tree) its
         ancestors. The mask is built once per segment, window size and pass."""
         cache, start, end = segment.cache, segment.start, segment.end
-        lo, mask = self._visible(segment, window, masks, key)
+        lo, mask = visible_slots(segment, window, masks, key)
         rows = (self.rows if self.rows is not None and cache.k[index].dtype == torch.float32 and not segment.prompt
                 else None)
 
@@ -305,29 +351,6 @@ class Decoder:
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.arch.scale,
                                                   enable_gqa=self.arch.n_kv != self.arch.n_heads)
         return attend
-
-    @staticmethod
-    def _visible(segment: Segment, window: int | None, masks: dict, key: int) -> tuple[int, torch.Tensor | None]:
-        """The first cache slot the segment's queries may see, and which of the slots from there each
-        sees ((rows, end - lo) bool; None: all, causally); built once per segment, window and pass."""
-        cache, start, end, tree = segment.cache, segment.start, segment.end, segment.tree
-        lo = 0 if window is None else max(0, start - window + 1)
-        if (key, window) not in masks:
-            n = end - start
-            if tree is None and n == 1 and (window is None or end - lo <= window):
-                masks[key, window] = None
-            else:
-                positions = segment.positions().to(cache.device)
-                q_pos = positions[:, None]  # (n, 1)
-                k_pos = torch.cat([torch.arange(lo, start, device=cache.device), positions])[None]
-                if tree is None:
-                    allowed = k_pos <= q_pos
-                else:  # the context before the root, then the tree's own rows as the layout allows
-                    allowed = tree.visible(start - lo).to(cache.device)
-                if window is not None:
-                    allowed &= k_pos > q_pos - window
-                masks[key, window] = allowed  # (n, end - lo)
-        return lo, masks[key, window]
 
     def keep(self, cache: KVCache, start: int, slots: list[int]) -> None:
         """Move the keys and values in `slots` (in order) to slots start.., e.g. a tree's accepted

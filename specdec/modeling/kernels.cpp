@@ -18,9 +18,12 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #define SPECDEC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
@@ -171,6 +174,173 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<
   return out;
 }
 
+
+// ---- AMX tiles: x @ w.T for any number of rows, on weights packed once into the tile layout ----
+//
+// An AMX instruction (tdpbf16ps) multiplies a 16 x 32 bf16 tile of x by a 32 x 16 tile of w.T and
+// adds the products into a 16 x 16 fp32 tile: 8192 multiply-adds, where vdpbf16ps does 32. The linear
+// layers then cost about what reading their weights costs up to ~32 rows (dot_tile above is bound by
+// arithmetic from ~5 rows). Weights are packed at load (pack_tiles) into the layout the B operand
+// loads from: per pair of 16-column blocks and per 32 columns of K, two 16 x 64-byte tiles whose row
+// kk holds (w[n][2kk], w[n][2kk+1]) for n = 0..15 ("VNNI" pairs), so each pair's stream is contiguous.
+//
+// Row invariance: x is copied into zero-padded 16-row tiles and every row goes through the same
+// tile instructions in the same order of K whatever the number of rows, so one row's result is the
+// same whether it is multiplied alone or with 63 others (tests/test_kernels.py checks it to the bit).
+
+
+#define SPECDEC_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
+
+constexpr int64_t kTileK = 32;   // bf16 values of K per tile step
+constexpr int64_t kTileN = 32;   // output columns per unit of work (two 16-column tiles)
+constexpr int64_t kTileM = 32;   // rows per pass over a pair's weights (two 16-row tiles)
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+bool amx_permitted() {
+  // The kernel hands out AMX state on request (Linux >= 5.16): ask once for the process.
+  static const bool ok = [] {
+    unsigned a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    const bool has = (d >> 22 & 1) && (d >> 24 & 1);  // AMX-BF16, AMX-TILE
+    if (!has) return false;
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return ok;
+}
+
+// w (N, K) bf16 -> (ceil(N/32), ceil(K/32) * 1024) bf16, zero-padded.
+at::Tensor pack_tiles(const at::Tensor& w) {
+  check_bf16(w, "w", 2);
+  const int64_t N = w.size(0), K = w.size(1);
+  const int64_t pairs = (N + kTileN - 1) / kTileN, kb = (K + kTileK - 1) / kTileK;
+  at::Tensor out = at::zeros({pairs, kb * 1024}, w.options());
+  const bf16* src = w.data_ptr<bf16>();
+  bf16* dst = out.data_ptr<bf16>();
+  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t b = 0; b < kb; ++b)
+        for (int64_t j = 0; j < 2; ++j)
+          for (int64_t kk = 0; kk < 16; ++kk)
+            for (int64_t n = 0; n < 16; ++n)
+              for (int64_t e = 0; e < 2; ++e) {
+                const int64_t row = p * kTileN + j * 16 + n, col = b * kTileK + 2 * kk + e;
+                if (row < N && col < K) dst[p * kb * 1024 + (b * 2 + j) * 512 + kk * 32 + n * 2 + e] = src[row * K + col];
+              }
+  });
+  return out;
+}
+
+// Output column pairs p0..p1-1 of x (Mp, Kp) padded @ w.T, on one thread's tiles.
+SPECDEC_AMX void tile_pairs(int64_t p0, int64_t p1, const bf16* xp, int64_t M, int64_t Mp, int64_t Kp, const bf16* wp,
+                            int64_t N, const bf16* res, bf16* op) {
+  const int64_t kb = Kp / kTileK, stride = Kp * 2;  // bytes between rows of x
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  _tile_loadconfig(&config);
+  alignas(64) float acc[kTileM * kTileN];
+  for (int64_t p = p0; p < p1; ++p) {
+    const bf16* wpair = wp + p * kb * 1024;
+    for (int64_t m0 = 0; m0 < Mp; m0 += kTileM) {
+      const bool two = Mp - m0 > 16;
+      const bf16* x0 = xp + m0 * Kp;
+      _tile_zero(0);
+      _tile_zero(1);
+      if (two) {
+        _tile_zero(2);
+        _tile_zero(3);
+      }
+      if (!two) {  // one 16-row tile: alternate two sets of tiles, so a load need not wait on the last product
+        int64_t b = 0;
+        for (; b + 2 <= kb; b += 2) {
+          _tile_loadd(4, wpair + b * 1024, 64);
+          _tile_loadd(5, wpair + b * 1024 + 512, 64);
+          _tile_loadd(2, x0 + b * kTileK, stride);
+          _tile_dpbf16ps(0, 2, 4);
+          _tile_dpbf16ps(1, 2, 5);
+          _tile_loadd(6, wpair + (b + 1) * 1024, 64);
+          _tile_loadd(7, wpair + (b + 1) * 1024 + 512, 64);
+          _tile_loadd(3, x0 + (b + 1) * kTileK, stride);
+          _tile_dpbf16ps(0, 3, 6);
+          _tile_dpbf16ps(1, 3, 7);
+        }
+        if (b < kb) {
+          _tile_loadd(4, wpair + b * 1024, 64);
+          _tile_loadd(5, wpair + b * 1024 + 512, 64);
+          _tile_loadd(2, x0 + b * kTileK, stride);
+          _tile_dpbf16ps(0, 2, 4);
+          _tile_dpbf16ps(1, 2, 5);
+        }
+      } else {
+        for (int64_t b = 0; b < kb; ++b) {
+          _tile_loadd(6, wpair + b * 1024, 64);
+          _tile_loadd(7, wpair + b * 1024 + 512, 64);
+          _tile_loadd(4, x0 + b * kTileK, stride);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_loadd(5, x0 + 16 * Kp + b * kTileK, stride);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      _tile_stored(0, acc, kTileN * 4);
+      _tile_stored(1, acc + 16, kTileN * 4);
+      if (two) {
+        _tile_stored(2, acc + 16 * kTileN, kTileN * 4);
+        _tile_stored(3, acc + 16 * kTileN + 16, kTileN * 4);
+      }
+      const int64_t rows = std::min<int64_t>(two ? 32 : 16, M - m0), n0 = p * kTileN;
+      const int64_t cols = std::min<int64_t>(kTileN, N - n0);
+      for (int64_t m = 0; m < rows; ++m)
+        for (int64_t n = 0; n < cols; ++n) {
+          float v = acc[m * kTileN + n];
+          const int64_t at = (m0 + m) * N + n0 + n;
+          if (res) v = round_bf16(v) + static_cast<float>(res[at]);
+          op[at] = bf16(v);
+        }
+    }
+  }
+  // no _tile_release(): the next call loads its configuration anyway
+}
+
+// x (M, K) @ w.T [+ residual] for w packed by pack_tiles from an (N, K) matrix; rounding as linear().
+at::Tensor linear_tiles(const at::Tensor& x, const at::Tensor& packed, int64_t N,
+                        const c10::optional<at::Tensor>& residual) {
+  check_bf16(x, "x", 2);
+  check_bf16(packed, "packed", 2);
+  TORCH_CHECK(amx_permitted(), "this CPU or kernel does not grant AMX tiles");
+  const int64_t M = x.size(0), K = x.size(1), kb = (K + kTileK - 1) / kTileK, Kp = kb * kTileK;
+  const int64_t pairs = (N + kTileN - 1) / kTileN;
+  TORCH_CHECK(packed.size(0) == pairs && packed.size(1) == kb * 1024, "packed weights do not match x's ", K,
+              " columns and ", N, " outputs");
+  const bf16* res = nullptr;
+  if (residual.has_value()) {
+    check_bf16(*residual, "residual", 2);
+    TORCH_CHECK(residual->size(0) == M && residual->size(1) == N, "residual must be (M, N)");
+    res = residual->data_ptr<bf16>();
+  }
+  const int64_t Mp = (M + 15) / 16 * 16;
+  at::Tensor padded = at::empty({Mp, Kp}, x.options());  // whole 16-row tiles, K a multiple of 32
+  bf16* pp = padded.data_ptr<bf16>();
+  const bf16* xsrc = x.data_ptr<bf16>();
+  std::memset(static_cast<void*>(pp), 0, Mp * Kp * sizeof(bf16));
+  for (int64_t m = 0; m < M; ++m) std::memcpy(static_cast<void*>(pp + m * Kp), xsrc + m * K, K * sizeof(bf16));
+  at::Tensor out = at::empty({M, N}, x.options());
+  const bf16* xp = padded.data_ptr<bf16>();
+  const bf16* wp = packed.data_ptr<bf16>();
+  bf16* op = out.data_ptr<bf16>();
+  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) { tile_pairs(p0, p1, xp, M, Mp, Kp, wp, N, res, op); });
+  return out;
+}
+
 // One row of RMSNorm: Gemma (weight_f32 = 1 + w): bf16(x * r * weight); Llama (bf16 weight):
 // bf16(weight * bf16(x * r)), with r = 1 / sqrt(mean(x^2) + eps), all in fp32.
 SPECDEC_AVX512 void rms_row(const bf16* x, int64_t K, const float* gemma_w, const bf16* llama_w, double eps,
@@ -241,20 +411,28 @@ SPECDEC_AVX512 inline __m512 exp_ps(__m512 x) {
 }
 
 // q (hd,) against keys [lo, hi] of one KV head; writes bf16 softmax(q k^T * scale) v to out.
+// allowed (nullptr: all): allowed[j - lo] says whether key j is visible (a token tree's ancestors).
+// The visible keys are numbered from 0 in order, and that number, not the slot, picks the lane of
+// the exponentials' sum: a tree's node then gets the numbers the same position gets in a chain.
 SPECDEC_AVX512 void attend_row(const bf16* q, const bf16* keys, const bf16* values, int64_t lo, int64_t hi,
-                               int64_t hd, float scale, std::vector<float>& scores, bf16* out) {
-  const int64_t count = hi - lo + 1;
-  scores.resize(count);
+                               const bool* allowed, int64_t hd, float scale, std::vector<float>& scores,
+                               std::vector<int64_t>& slots, bf16* out) {
+  const int64_t span = hi - lo + 1;
+  scores.resize(span);
+  slots.resize(span);
   float top = -INFINITY;
-  for (int64_t j = 0; j < count; ++j) {
+  int64_t count = 0;
+  for (int64_t j = 0; j < span; ++j) {
+    if (allowed != nullptr && !allowed[j]) continue;
     const bf16* key = keys + (lo + j) * hd;
     __m512 acc = _mm512_setzero_ps();
     for (int64_t k = 0; k < hd; k += 32) {
       const __mmask32 mask = mask32(hd - k);
       acc = _mm512_dpbf16_ps(acc, load_bf16(q + k, mask), load_bf16(key + k, mask));
     }
-    scores[j] = _mm512_reduce_add_ps(acc) * scale;
-    top = std::max(top, scores[j]);
+    slots[count] = lo + j;
+    scores[count] = _mm512_reduce_add_ps(acc) * scale;
+    top = std::max(top, scores[count++]);
   }
   __m512 sums = _mm512_setzero_ps();
   for (int64_t j = 0; j < count; j += 16) {
@@ -268,7 +446,7 @@ SPECDEC_AVX512 void attend_row(const bf16* q, const bf16* keys, const bf16* valu
     const __mmask16 mask = mask16(hd - k);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t j = 0; j < count; ++j)
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), widen(values + (lo + j) * hd + k, mask), acc);
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), widen(values + slots[j] * hd + k, mask), acc);
     acc = _mm512_mul_ps(acc, _mm512_set1_ps(inv));
     alignas(64) float lanes[16];
     _mm512_store_ps(lanes, acc);
@@ -295,11 +473,14 @@ SPECDEC_AVX512 inline __m512 sum16(const __m512* v) {
 constexpr int kRowBlock = 6;  // query rows sharing one pass over the keys (24 accumulators for hd 64)
 
 // Attention for up to kRowBlock query rows of one KV head (head_dim a multiple of 64, at most 256):
-// row r attends to keys [lo[r], hi[r]]. Each block of 16 keys is scored for every row with one
-// 16-way reduction, and each value row is widened to fp32 once for all the rows.
+// row r attends to keys [lo[r], hi[r]] (those where allowed[r][j - lo[r]], if allowed[r] is given).
+// Each block of 16 keys is scored for every row with one 16-way reduction, and each value row is
+// widened to fp32 once for all the rows. A masked row's visible keys are numbered among themselves
+// for the exponentials' sum, as attend_row does (its hidden keys weigh 0 in the values' sum).
 SPECDEC_AVX512 void attend_rows(const bf16* const* q, int rows, const int64_t* lo, const int64_t* hi,
-                                const bf16* keys, const bf16* values, int64_t hd, float scale,
-                                std::vector<float>& scores, bf16* const* out) {
+                                const bool* const* allowed, const bf16* keys, const bf16* values, int64_t hd,
+                                float scale, std::vector<float>& scores, std::vector<float>& compact,
+                                bf16* const* out) {
   const int64_t first = *std::min_element(lo, lo + rows), last = *std::max_element(hi, hi + rows);
   const int64_t width = (last - first + 16) / 16 * 16;
   scores.assign(static_cast<size_t>(rows) * width, 0.f);
@@ -319,6 +500,27 @@ SPECDEC_AVX512 void attend_rows(const bf16* const* q, int rows, const int64_t* l
             acc[jj] = _mm512_dpbf16_ps(acc[jj], qv[c], (__m512bh)_mm512_loadu_si512(keys + (j0 + jj) * hd + c * 32));
       }
       _mm512_mask_storeu_ps(row + (j0 - first), mask16(count), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+    }
+    if (allowed[r] != nullptr) {  // a tree's row: the visible keys' scores in order, then as below
+      const int64_t span = hi[r] - lo[r] + 1;
+      compact.resize(span + 16);
+      int64_t count = 0;
+      float top = -INFINITY;
+      for (int64_t j = 0; j < span; ++j)
+        if (allowed[r][j]) {
+          compact[count] = row[lo[r] + j - first];
+          top = std::max(top, compact[count++]);
+        }
+      __m512 sums = _mm512_setzero_ps();
+      for (int64_t j = 0; j < count; j += 16) {
+        const __mmask16 mask = mask16(count - j);
+        const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, compact.data() + j), _mm512_set1_ps(top)));
+        _mm512_mask_storeu_ps(compact.data() + j, mask, e);
+        sums = _mm512_add_ps(sums, _mm512_maskz_mov_ps(mask, e));
+      }
+      inv[r] = 1.f / _mm512_reduce_add_ps(sums);
+      for (int64_t j = 0, n = 0; j < span; ++j) row[lo[r] + j - first] = allowed[r][j] ? compact[n++] : 0.f;
+      continue;
     }
     __m512 tops = _mm512_set1_ps(-INFINITY);
     for (int64_t j = lo[r]; j <= hi[r]; j += 16) {  // masked load: the row's last block may end the buffer
@@ -358,10 +560,14 @@ SPECDEC_AVX512 void attend_rows(const bf16* const* q, int rows, const int64_t* l
 
 // qkv (n, (Hq + 2 Hkv) hd) -> attention output (n, Hq hd). Writes the rotated keys and the values
 // of positions start..start+n-1 into the caches (Hkv, capacity, hd). window = 0: full attention.
+// A token tree (positions given): row i is RoPE'd at positions[i], still written to slot start + i,
+// and sees the slots lo..start+i where visible[i][slot - lo] ((n, start + n - lo) bool, the window
+// already applied), as Decoder._visible builds it.
 at::Tensor attend(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, const at::Tensor& cos,
                   const at::Tensor& signed_sin, at::Tensor& k_cache, at::Tensor& v_cache, int64_t start,
                   int64_t window, double scale, const c10::optional<at::Tensor>& q_norm,
-                  const c10::optional<at::Tensor>& k_norm, double eps) {
+                  const c10::optional<at::Tensor>& k_norm, double eps, const c10::optional<at::Tensor>& positions,
+                  int64_t lo_visible, const c10::optional<at::Tensor>& visible) {
   check_bf16(qkv, "qkv", 2);
   check_bf16(cos, "cos", 2);
   check_bf16(signed_sin, "signed_sin", 2);
@@ -371,6 +577,22 @@ at::Tensor attend(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, const at
   TORCH_CHECK(qkv.size(1) == (n_heads + 2 * n_kv) * hd, "qkv width does not match the heads");
   TORCH_CHECK(n_heads % n_kv == 0 && hd % 2 == 0, "heads must group evenly, head_dim must be even");
   TORCH_CHECK(start + n <= capacity && cos.size(0) >= start + n && cos.size(1) == hd, "cache or RoPE table too short");
+  TORCH_CHECK(positions.has_value() == visible.has_value(), "a tree needs both positions and visible");
+  const int64_t* pos_of = nullptr;
+  const bool* vis = nullptr;
+  at::Tensor pos_t, vis_t;
+  if (positions.has_value()) {
+    pos_t = positions->to(at::kLong).contiguous();
+    vis_t = visible->contiguous();
+    TORCH_CHECK(pos_t.numel() == n, "positions: one per row");
+    TORCH_CHECK(vis_t.scalar_type() == at::kBool && vis_t.dim() == 2 && vis_t.size(0) == n &&
+                vis_t.size(1) == start + n - lo_visible && lo_visible >= 0 && lo_visible <= start,
+                "visible: (rows, start + rows - lo) bool");
+    pos_of = pos_t.data_ptr<int64_t>();
+    vis = vis_t.data_ptr<bool>();
+    for (int64_t i = 0; i < n; ++i)
+      TORCH_CHECK(pos_of[i] >= 0 && pos_of[i] < cos.size(0), "a position is outside the RoPE table");
+  }
   const float* qn = q_norm.has_value() ? q_norm->data_ptr<float>() : nullptr;
   const float* kn = k_norm.has_value() ? k_norm->data_ptr<float>() : nullptr;
   const bf16* src = qkv.data_ptr<bf16>();
@@ -383,7 +605,7 @@ at::Tensor attend(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, const at
   bf16* qp = q.data_ptr<bf16>();
   std::vector<bf16> normed(hd);
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t pos = start + i;
+    const int64_t pos = pos_of ? pos_of[i] : start + i, slot = start + i;
     const bf16* row = src + i * width;
     for (int64_t h = 0; h < n_heads + n_kv; ++h) {
       const bool is_q = h < n_heads;
@@ -393,19 +615,26 @@ at::Tensor attend(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, const at
         rms_row(head, hd, norm, nullptr, eps, normed.data());
         head = normed.data();
       }
-      bf16* dst = is_q ? qp + i * n_heads * hd + h * hd : kc + ((h - n_heads) * capacity + pos) * hd;
+      bf16* dst = is_q ? qp + i * n_heads * hd + h * hd : kc + ((h - n_heads) * capacity + slot) * hd;
       rope_row(head, cp + pos * hd, sp + pos * hd, hd, dst);
     }
     for (int64_t h = 0; h < n_kv; ++h)
-      std::copy(row + (n_heads + n_kv + h) * hd, row + (n_heads + n_kv + h + 1) * hd, vc + (h * capacity + pos) * hd);
+      std::copy(row + (n_heads + n_kv + h) * hd, row + (n_heads + n_kv + h + 1) * hd, vc + (h * capacity + slot) * hd);
   }
   at::Tensor out = at::empty({n, n_heads * hd}, qkv.options());
   bf16* o = out.data_ptr<bf16>();
   const int64_t group = n_heads / n_kv;
   const float scalef = static_cast<float>(scale);
-  auto key_range = [&](int64_t i, int64_t* lo, int64_t* hi) {
+  const int64_t vis_width = start + n - lo_visible;
+  auto key_range = [&](int64_t i, int64_t* lo, int64_t* hi, const bool** allowed) {
     const int64_t pos = start + i;
-    *lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+    if (vis) {  // a tree: its parents come before it, so no row sees a slot past its own
+      *lo = lo_visible;
+      *allowed = vis + i * vis_width;
+    } else {
+      *lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      *allowed = nullptr;
+    }
     *hi = pos;
   };
   if (hd % 64 == 0 && hd <= 256) {
@@ -413,21 +642,22 @@ at::Tensor attend(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, const at
     const int64_t rows_per_kv = group * n, blocks_per_kv = (rows_per_kv + kRowBlock - 1) / kRowBlock;
     const int64_t grain = std::max<int64_t>(1, 4096 / (kRowBlock * (start + n)));
     at::parallel_for(0, n_kv * blocks_per_kv, grain, [&](int64_t u0, int64_t u1) {
-      std::vector<float> scores;
+      std::vector<float> scores, compact;
       for (int64_t u = u0; u < u1; ++u) {
         const int64_t kv = u / blocks_per_kv, r0 = (u % blocks_per_kv) * kRowBlock;
         const int rows = static_cast<int>(std::min<int64_t>(kRowBlock, rows_per_kv - r0));
         const bf16* q_rows[kRowBlock];
         bf16* out_rows[kRowBlock];
         int64_t lo[kRowBlock], hi[kRowBlock];
+        const bool* allowed[kRowBlock];
         for (int r = 0; r < rows; ++r) {
           const int64_t h = kv * group + (r0 + r) / n, i = (r0 + r) % n;
           q_rows[r] = qp + i * n_heads * hd + h * hd;
           out_rows[r] = o + i * n_heads * hd + h * hd;
-          key_range(i, &lo[r], &hi[r]);
+          key_range(i, &lo[r], &hi[r], &allowed[r]);
         }
-        attend_rows(q_rows, rows, lo, hi, kc + kv * capacity * hd, vc + kv * capacity * hd, hd, scalef, scores,
-                    out_rows);
+        attend_rows(q_rows, rows, lo, hi, allowed, kc + kv * capacity * hd, vc + kv * capacity * hd, hd, scalef,
+                    scores, compact, out_rows);
       }
     });
     return out;
@@ -435,12 +665,14 @@ at::Tensor attend(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, const at
   const int64_t grain = std::max<int64_t>(1, 4096 / (start + n));  // rows per thread: a few thousand keys
   at::parallel_for(0, n_heads * n, grain, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores;
+    std::vector<int64_t> slots;
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t h = t / n, i = t % n, kv = h / group;
       int64_t lo, hi;
-      key_range(i, &lo, &hi);
-      attend_row(qp + i * n_heads * hd + h * hd, kc + kv * capacity * hd, vc + kv * capacity * hd, lo, hi, hd,
-                 scalef, scores, o + i * n_heads * hd + h * hd);
+      const bool* allowed;
+      key_range(i, &lo, &hi, &allowed);
+      attend_row(qp + i * n_heads * hd + h * hd, kc + kv * capacity * hd, vc + kv * capacity * hd, lo, hi, allowed,
+                 hd, scalef, scores, slots, o + i * n_heads * hd + h * hd);
     }
   });
   return out;
@@ -466,8 +698,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "whether this CPU has the AVX-512 BF16 instructions the kernels use");
   m.def("linear", &linear, "x @ w.T (+ residual) for a few bf16 rows", py::arg("x"), py::arg("w"),
         py::arg("residual") = py::none());
+  m.def("tiles_supported", &amx_permitted, "whether this CPU and kernel run AMX bf16 tiles");
+  m.def("pack_tiles", &pack_tiles, "w (N, K) bf16 packed for linear_tiles", py::arg("w"));
+  m.def("linear_tiles", &linear_tiles, "x @ w.T (+ residual) on AMX tiles, w from pack_tiles", py::arg("x"),
+        py::arg("packed"), py::arg("n"), py::arg("residual") = py::none());
   m.def("rms_norm", &rms_norm, "RMSNorm with Llama's or Gemma's rounding", py::arg("x"), py::arg("weight"),
         py::arg("eps"));
-  m.def("attend", &attend, "QKV split, q/k norm, RoPE, KV cache write and causal attention");
+  m.def("attend", &attend, "QKV split, q/k norm, RoPE, KV cache write and causal (or tree) attention",
+        py::arg("qkv"), py::arg("n_heads"), py::arg("n_kv"), py::arg("cos"), py::arg("signed_sin"), py::arg("k_cache"),
+        py::arg("v_cache"), py::arg("start"), py::arg("window"), py::arg("scale"), py::arg("q_norm"), py::arg("k_norm"),
+        py::arg("eps"), py::arg("positions") = py::none(), py::arg("lo") = 0, py::arg("visible") = py::none());
   m.def("act_mul", &act_mul, "act(gate) * up", py::arg("gate_up"), py::arg("gelu_tanh"));
 }
