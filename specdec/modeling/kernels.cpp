@@ -236,13 +236,27 @@ at::Tensor pack_tiles(const at::Tensor& w) {
   return out;
 }
 
-// Output column pairs p0..p1-1 of x (Mp, Kp) padded @ w.T, on one thread's tiles.
-SPECDEC_AMX void tile_pairs(int64_t p0, int64_t p1, const bf16* xp, int64_t M, int64_t Mp, int64_t Kp, const bf16* wp,
-                            int64_t N, const bf16* res, bf16* op) {
-  const int64_t kb = Kp / kTileK, stride = Kp * 2;  // bytes between rows of x
+// out[m, n0..n0+cols) = acc row m (+ residual, rounding the product to bf16 first, as linear() does).
+SPECDEC_AVX512 inline void store_rows(const float* acc, int64_t ld, int64_t rows, int64_t cols, int64_t m0, int64_t n0,
+                                      int64_t N, const bf16* res, bf16* op) {
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t n = 0; n < cols; n += 16) {
+      const __mmask16 mask = mask16(cols - n);
+      const int64_t at = (m0 + m) * N + n0 + n;
+      __m512 v = _mm512_maskz_loadu_ps(mask, acc + m * ld + n);
+      if (res) v = _mm512_add_ps(rounded(v), widen(res + at, mask));
+      _mm256_mask_storeu_epi16(op + at, mask, to_bf16(v));
+    }
+}
+
+// Output column pairs p0..p1-1 of x @ w.T on one thread's tiles. x: Mp rows (whole 16-row tiles, or
+// M <= 16 rows read in place) of Kp columns (a multiple of 32), `stride` bytes apart.
+SPECDEC_AMX void tile_pairs(int64_t p0, int64_t p1, const bf16* xp, int64_t M, int64_t Mp, int64_t Kp, int64_t stride,
+                            const bf16* wp, int64_t N, const bf16* res, bf16* op) {
+  const int64_t kb = Kp / kTileK, ld = stride / 2;
   TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
+  for (int t = 0; t < 8; ++t) {  // C tiles 0-3, A tiles 4 (2, 3 in the one-tile loop) and 5, B tiles 6, 7 (4-7)
+    config.rows[t] = static_cast<uint8_t>(Mp < 16 && t < 4 ? Mp : 16);
     config.colsb[t] = 64;
   }
   _tile_loadconfig(&config);
@@ -251,14 +265,10 @@ SPECDEC_AMX void tile_pairs(int64_t p0, int64_t p1, const bf16* xp, int64_t M, i
     const bf16* wpair = wp + p * kb * 1024;
     for (int64_t m0 = 0; m0 < Mp; m0 += kTileM) {
       const bool two = Mp - m0 > 16;
-      const bf16* x0 = xp + m0 * Kp;
+      const bf16* x0 = xp + m0 * ld;
       _tile_zero(0);
       _tile_zero(1);
-      if (two) {
-        _tile_zero(2);
-        _tile_zero(3);
-      }
-      if (!two) {  // one 16-row tile: alternate two sets of tiles, so a load need not wait on the last product
+      if (!two) {  // one tile of rows: alternate two sets of tiles, so a load need not wait on the last product
         int64_t b = 0;
         for (; b + 2 <= kb; b += 2) {
           _tile_loadd(4, wpair + b * 1024, 64);
@@ -280,13 +290,15 @@ SPECDEC_AMX void tile_pairs(int64_t p0, int64_t p1, const bf16* xp, int64_t M, i
           _tile_dpbf16ps(1, 2, 5);
         }
       } else {
+        _tile_zero(2);
+        _tile_zero(3);
         for (int64_t b = 0; b < kb; ++b) {
           _tile_loadd(6, wpair + b * 1024, 64);
           _tile_loadd(7, wpair + b * 1024 + 512, 64);
           _tile_loadd(4, x0 + b * kTileK, stride);
           _tile_dpbf16ps(0, 4, 6);
           _tile_dpbf16ps(1, 4, 7);
-          _tile_loadd(5, x0 + 16 * Kp + b * kTileK, stride);
+          _tile_loadd(5, x0 + 16 * ld + b * kTileK, stride);
           _tile_dpbf16ps(2, 5, 6);
           _tile_dpbf16ps(3, 5, 7);
         }
@@ -297,18 +309,11 @@ SPECDEC_AMX void tile_pairs(int64_t p0, int64_t p1, const bf16* xp, int64_t M, i
         _tile_stored(2, acc + 16 * kTileN, kTileN * 4);
         _tile_stored(3, acc + 16 * kTileN + 16, kTileN * 4);
       }
-      const int64_t rows = std::min<int64_t>(two ? 32 : 16, M - m0), n0 = p * kTileN;
-      const int64_t cols = std::min<int64_t>(kTileN, N - n0);
-      for (int64_t m = 0; m < rows; ++m)
-        for (int64_t n = 0; n < cols; ++n) {
-          float v = acc[m * kTileN + n];
-          const int64_t at = (m0 + m) * N + n0 + n;
-          if (res) v = round_bf16(v) + static_cast<float>(res[at]);
-          op[at] = bf16(v);
-        }
+      const int64_t n0 = p * kTileN;
+      store_rows(acc, kTileN, std::min<int64_t>(two ? 32 : 16, M - m0), std::min<int64_t>(kTileN, N - n0), m0, n0, N,
+                 res, op);
     }
   }
-  // no _tile_release(): the next call loads its configuration anyway
 }
 
 // x (M, K) @ w.T [+ residual] for w packed by pack_tiles from an (N, K) matrix; rounding as linear().
@@ -327,17 +332,24 @@ at::Tensor linear_tiles(const at::Tensor& x, const at::Tensor& packed, int64_t N
     TORCH_CHECK(residual->size(0) == M && residual->size(1) == N, "residual must be (M, N)");
     res = residual->data_ptr<bf16>();
   }
-  const int64_t Mp = (M + 15) / 16 * 16;
-  at::Tensor padded = at::empty({Mp, Kp}, x.options());  // whole 16-row tiles, K a multiple of 32
-  bf16* pp = padded.data_ptr<bf16>();
-  const bf16* xsrc = x.data_ptr<bf16>();
-  std::memset(static_cast<void*>(pp), 0, Mp * Kp * sizeof(bf16));
-  for (int64_t m = 0; m < M; ++m) std::memcpy(static_cast<void*>(pp + m * Kp), xsrc + m * K, K * sizeof(bf16));
   at::Tensor out = at::empty({M, N}, x.options());
-  const bf16* xp = padded.data_ptr<bf16>();
+  if (M == 0) return out;
+  const bf16* xp = x.data_ptr<bf16>();
+  int64_t Mp = M;
+  at::Tensor padded;
+  if (M > 16 || K != Kp) {  // whole 16-row tiles of x, K a multiple of 32 (up to 16 rows are read in place)
+    Mp = M > 16 ? (M + 15) / 16 * 16 : M;
+    padded = at::empty({Mp, Kp}, x.options());
+    bf16* pp = padded.data_ptr<bf16>();
+    std::memset(static_cast<void*>(pp), 0, Mp * Kp * sizeof(bf16));
+    for (int64_t m = 0; m < M; ++m) std::memcpy(static_cast<void*>(pp + m * Kp), xp + m * K, K * sizeof(bf16));
+    xp = pp;
+  }
   const bf16* wp = packed.data_ptr<bf16>();
   bf16* op = out.data_ptr<bf16>();
-  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) { tile_pairs(p0, p1, xp, M, Mp, Kp, wp, N, res, op); });
+  at::parallel_for(0, pairs, 1, [&](int64_t p0, int64_t p1) {
+    tile_pairs(p0, p1, xp, M, Mp, Kp, Kp * 2, wp, N, res, op);
+  });
   return out;
 }
 
