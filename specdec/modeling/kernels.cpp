@@ -191,6 +191,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<
 
 #define SPECDEC_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
 
+#ifndef SPECDEC_TILE_AHEAD
+#define SPECDEC_TILE_AHEAD 16384
+#endif
+#ifndef SPECDEC_TILE_HINT
+#define SPECDEC_TILE_HINT _MM_HINT_T0
+#endif
 constexpr int64_t kTileK = 32;   // bf16 values of K per tile step
 constexpr int64_t kTileN = 32;   // output columns per unit of work (two 16-column tiles)
 constexpr int64_t kTileM = 32;   // rows per pass over a pair's weights (two 16-row tiles)
@@ -271,6 +277,12 @@ SPECDEC_AMX void tile_pairs(int64_t p0, int64_t p1, const bf16* xp, int64_t M, i
       if (!two) {  // one tile of rows: alternate two sets of tiles, so a load need not wait on the last product
         int64_t b = 0;
         for (; b + 2 <= kb; b += 2) {
+          {  // the weights stream from memory once: fetch them SPECDEC_TILE_AHEAD bytes ahead, across page
+             // boundaries the hardware prefetcher stops at (without it, one-row passes ran up to 1.4x slower
+             // in some processes, and 3-4 % slower with it than the dot products, measured interleaved)
+            const char* ahead = reinterpret_cast<const char*>(wpair + b * 1024) + SPECDEC_TILE_AHEAD;
+            for (int line = 0; line < 4096; line += 64) _mm_prefetch(ahead + line, SPECDEC_TILE_HINT);
+          }
           _tile_loadd(4, wpair + b * 1024, 64);
           _tile_loadd(5, wpair + b * 1024 + 512, 64);
           _tile_loadd(2, x0 + b * kTileK, stride);
