@@ -95,6 +95,7 @@ class Segment:
 
 _NONE = torch.empty(0)  # rowops.cpp's "no norm weight"
 _ALL_VISIBLE = torch.empty(0, dtype=torch.bool)  # rowops.cpp's "no mask: every key in range is visible"
+_NO_TREE, _NO_MASK = torch.empty(0, dtype=torch.long), torch.empty(0, dtype=torch.bool)  # kernels.cpp's "a chain"
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, arch: Arch, rows=None) -> torch.Tensor:
@@ -164,28 +165,44 @@ def causal_attend(arch: Arch) -> Attend:
                                                           enable_gqa=arch.n_kv != arch.n_heads)
 
 
-def layer_kernels(kern, h: torch.Tensor, w: LayerWeights, arch: Arch, rope: RopeTable, segments: list[Segment],
-                  index: int, masks: dict, attn_input: torch.Tensor | None = None) -> torch.Tensor:
+@dataclass
+class KernelPass:
+    """What kernels.cpp's attention needs of a pass's segments, built once a pass: starts, row
+    counts, and per window size each segment's tree (positions, first visible slot, mask; empty for
+    a chain)."""
+
+    segments: list[Segment]
+    starts: list[int] = field(init=False)
+    rows: list[int] = field(init=False)
+    trees: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.starts = [s.start for s in self.segments]
+        self.rows = [s.rows for s in self.segments]
+        self._masks: dict = {}
+
+    def tree_args(self, window: int | None) -> tuple[list, list, list]:
+        if window not in self.trees:
+            views = [(s.positions(), *visible_slots(s, window, self._masks, key)) if s.tree is not None
+                     else (_NO_TREE, 0, _NO_MASK) for key, s in enumerate(self.segments)]
+            self.trees[window] = tuple(list(column) for column in zip(*views))
+        return self.trees[window]
+
+
+def layer_kernels(kern, h: torch.Tensor, w: LayerWeights, arch: Arch, rope: RopeTable, work: KernelPass, index: int,
+                  attn_input: torch.Tensor | None = None) -> torch.Tensor:
     """One decoder layer on kernels.cpp: h (T, d) bf16 holding each segment's rows in turn; writes
     each segment's keys and values into its cache. The linear layers see all rows at once; attention
-    runs per segment (a tree's rows at their depths, seeing their ancestors). attn_input: as layer_aten's."""
+    runs per segment (a tree's rows at their depths, seeing their ancestors), all segments in one call.
+    attn_input: as layer_aten's."""
     eps, gemma, norms = arch.eps, arch.gemma, w.norms
     x = kern.rms_norm(h, norms["attn_in"], eps) if attn_input is None else attn_input.contiguous()
     qkv = kern.linear(x, w.wqkv)
     cos, sin = rope.full(w.rope)
-    parts, row = [], 0
-    for key, s in enumerate(segments):
-        rows = qkv if len(segments) == 1 else qkv[row : row + s.rows]
-        row += s.rows
-        k_cache, v_cache = s.cache.k[index], s.cache.v[index]
-        if s.tree is None:
-            parts.append(kern.attend(rows, arch.n_heads, arch.n_kv, cos, sin, k_cache, v_cache, s.start, w.window or 0,
-                                     arch.scale, norms.get("q"), norms.get("k"), eps))
-        else:
-            lo, mask = visible_slots(s, w.window, masks, key)
-            parts.append(kern.attend(rows, arch.n_heads, arch.n_kv, cos, sin, k_cache, v_cache, s.start, w.window or 0,
-                                     arch.scale, norms.get("q"), norms.get("k"), eps, s.positions(), lo, mask))
-    attn = parts[0] if len(parts) == 1 else torch.cat(parts)
+    positions, los, visibles = work.tree_args(w.window)
+    attn = kern.attend_many(qkv, arch.n_heads, arch.n_kv, cos, sin, [s.cache.k[index] for s in work.segments],
+                            [s.cache.v[index] for s in work.segments], work.starts, work.rows, w.window or 0,
+                            arch.scale, norms.get("q"), norms.get("k"), eps, positions, los, visibles)
     if gemma:
         h = h + kern.rms_norm(kern.linear(attn, w.wo), norms["attn_out"], eps)
     else:
@@ -320,13 +337,12 @@ class Decoder:
 
     def _run_kernels(self, h: torch.Tensor, segments: list[Segment], attn_input: torch.Tensor | None,
                      taps: Taps | None) -> torch.Tensor:
-        masks: dict = {}
+        work = KernelPass(segments)
         h = h.contiguous()
         for i, layer in enumerate(self.layers):
             if taps is not None:
                 taps.see(i, h)
-            h = layer_kernels(self.kernels, h, layer, self.arch, self.rope, segments, i, masks,
-                              attn_input if i == 0 else None)
+            h = layer_kernels(self.kernels, h, layer, self.arch, self.rope, work, i, attn_input if i == 0 else None)
         for s in segments:
             s.cache.length = s.end
         return h

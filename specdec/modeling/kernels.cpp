@@ -584,122 +584,179 @@ SPECDEC_AVX512 void attend_rows(const bf16* const* q, int rows, const int64_t* l
 
 // qkv (n, (Hq + 2 Hkv) hd) -> attention output (n, Hq hd). Writes the rotated keys and the values
 // of positions start..start+n-1 into the caches (Hkv, capacity, hd). window = 0: full attention.
-// A token tree (positions given): row i is RoPE'd at positions[i], still written to slot start + i,
-// and sees the slots lo..start+i where visible[i][slot - lo] ((n, start + n - lo) bool, the window
-// already applied), as Decoder._visible builds it.
-at::Tensor attend(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, const at::Tensor& cos,
-                  const at::Tensor& signed_sin, at::Tensor& k_cache, at::Tensor& v_cache, int64_t start,
-                  int64_t window, double scale, const c10::optional<at::Tensor>& q_norm,
-                  const c10::optional<at::Tensor>& k_norm, double eps, const c10::optional<at::Tensor>& positions,
-                  int64_t lo_visible, const c10::optional<at::Tensor>& visible) {
+// One sequence's rows of an attention call: rows row0..row0+n-1 of qkv, at cache slots start..start+n-1.
+// A token tree (pos_of given): row i is RoPE'd at pos_of[i], still written to slot start + i, and sees
+// the slots lo_visible..start+i where vis[i][slot - lo_visible] (the window already applied).
+struct AttendSeq {
+  bf16* kc;
+  bf16* vc;
+  int64_t capacity, start, n, row0, lo_visible = 0;
+  const int64_t* pos_of = nullptr;
+  const bool* vis = nullptr;
+  at::Tensor pos_t, vis_t;  // keep pos_of and vis alive
+
+  // Keys [lo, hi] of row i, and its mask over them (nullptr: all of them).
+  void key_range(int64_t i, int64_t window, int64_t* lo, int64_t* hi, const bool** allowed) const {
+    const int64_t slot = start + i;
+    if (vis) {  // a tree: its parents come before it, so no row sees a slot past its own
+      *lo = lo_visible;
+      *allowed = vis + i * (start + n - lo_visible);
+    } else {
+      *lo = window > 0 ? std::max<int64_t>(0, slot - window + 1) : 0;
+      *allowed = nullptr;
+    }
+    *hi = slot;
+  }
+};
+
+// qkv (R, (Hq + 2 Hkv) hd) holding each sequence's rows in turn -> attention output (R, Hq hd). Writes
+// each sequence's rotated keys and values into its caches (Hkv, capacity, hd); window = 0: full
+// attention. positions[j] / visible[j] empty: sequence j is a chain; else a tree, as AttendSeq says.
+// All sequences' (KV head, row block) units run in one parallel loop.
+at::Tensor attend_many(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, const at::Tensor& cos,
+                       const at::Tensor& signed_sin, const std::vector<at::Tensor>& k_caches,
+                       const std::vector<at::Tensor>& v_caches, const std::vector<int64_t>& starts,
+                       const std::vector<int64_t>& rows, int64_t window, double scale,
+                       const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm, double eps,
+                       const std::vector<at::Tensor>& positions, const std::vector<int64_t>& los,
+                       const std::vector<at::Tensor>& visibles) {
   check_bf16(qkv, "qkv", 2);
   check_bf16(cos, "cos", 2);
   check_bf16(signed_sin, "signed_sin", 2);
-  check_bf16(k_cache, "k_cache", 3);
-  check_bf16(v_cache, "v_cache", 3);
-  const int64_t n = qkv.size(0), hd = k_cache.size(2), capacity = k_cache.size(1);
+  const size_t count = k_caches.size();
+  TORCH_CHECK(count >= 1 && v_caches.size() == count && starts.size() == count && rows.size() == count &&
+              positions.size() == count && los.size() == count && visibles.size() == count,
+              "one cache pair, start, row count, positions, lo and visible per sequence");
+  const int64_t total = qkv.size(0), hd = k_caches[0].size(2);
   TORCH_CHECK(qkv.size(1) == (n_heads + 2 * n_kv) * hd, "qkv width does not match the heads");
   TORCH_CHECK(n_heads % n_kv == 0 && hd % 2 == 0, "heads must group evenly, head_dim must be even");
-  TORCH_CHECK(start + n <= capacity && cos.size(0) >= start + n && cos.size(1) == hd, "cache or RoPE table too short");
-  TORCH_CHECK(positions.has_value() == visible.has_value(), "a tree needs both positions and visible");
-  const int64_t* pos_of = nullptr;
-  const bool* vis = nullptr;
-  at::Tensor pos_t, vis_t;
-  if (positions.has_value()) {
-    pos_t = positions->to(at::kLong).contiguous();
-    vis_t = visible->contiguous();
-    TORCH_CHECK(pos_t.numel() == n, "positions: one per row");
-    TORCH_CHECK(vis_t.scalar_type() == at::kBool && vis_t.dim() == 2 && vis_t.size(0) == n &&
-                vis_t.size(1) == start + n - lo_visible && lo_visible >= 0 && lo_visible <= start,
-                "visible: (rows, start + rows - lo) bool");
-    pos_of = pos_t.data_ptr<int64_t>();
-    vis = vis_t.data_ptr<bool>();
-    for (int64_t i = 0; i < n; ++i)
-      TORCH_CHECK(pos_of[i] >= 0 && pos_of[i] < cos.size(0), "a position is outside the RoPE table");
+  TORCH_CHECK(cos.size(1) == hd, "the RoPE table's width is not head_dim");
+  std::vector<AttendSeq> seqs(count);
+  int64_t row0 = 0;
+  for (size_t j = 0; j < count; ++j) {
+    check_bf16(k_caches[j], "k_cache", 3);
+    check_bf16(v_caches[j], "v_cache", 3);
+    AttendSeq& s = seqs[j];
+    s.kc = k_caches[j].data_ptr<bf16>();
+    s.vc = v_caches[j].data_ptr<bf16>();
+    s.capacity = k_caches[j].size(1);
+    s.start = starts[j];
+    s.n = rows[j];
+    s.row0 = row0;
+    row0 += s.n;
+    TORCH_CHECK(k_caches[j].size(0) == n_kv && k_caches[j].size(2) == hd && v_caches[j].sizes() == k_caches[j].sizes(),
+                "caches must be (n_kv, capacity, head_dim)");
+    TORCH_CHECK(s.start >= 0 && s.start + s.n <= s.capacity && cos.size(0) >= s.start + s.n,
+                "cache or RoPE table too short");
+    TORCH_CHECK(positions[j].numel() == 0 || positions[j].numel() == s.n, "positions: one per row");
+    TORCH_CHECK((positions[j].numel() == 0) == (visibles[j].numel() == 0), "a tree needs both positions and visible");
+    if (positions[j].numel()) {
+      s.pos_t = positions[j].to(at::kLong).contiguous();
+      s.vis_t = visibles[j].contiguous();
+      s.lo_visible = los[j];
+      TORCH_CHECK(s.vis_t.scalar_type() == at::kBool && s.vis_t.dim() == 2 && s.vis_t.size(0) == s.n &&
+                  s.vis_t.size(1) == s.start + s.n - s.lo_visible && s.lo_visible >= 0 && s.lo_visible <= s.start,
+                  "visible: (rows, start + rows - lo) bool");
+      s.pos_of = s.pos_t.data_ptr<int64_t>();
+      s.vis = s.vis_t.data_ptr<bool>();
+      for (int64_t i = 0; i < s.n; ++i)
+        TORCH_CHECK(s.pos_of[i] >= 0 && s.pos_of[i] < cos.size(0), "a position is outside the RoPE table");
+    }
   }
+  TORCH_CHECK(row0 == total, "the sequences hold ", row0, " rows, qkv has ", total);
   const float* qn = q_norm.has_value() ? q_norm->data_ptr<float>() : nullptr;
   const float* kn = k_norm.has_value() ? k_norm->data_ptr<float>() : nullptr;
   const bf16* src = qkv.data_ptr<bf16>();
   const bf16* cp = cos.data_ptr<bf16>();
   const bf16* sp = signed_sin.data_ptr<bf16>();
-  bf16* kc = k_cache.data_ptr<bf16>();
-  bf16* vc = v_cache.data_ptr<bf16>();
   const int64_t width = qkv.size(1);
-  at::Tensor q = at::empty({n, n_heads * hd}, qkv.options());
+  at::Tensor q = at::empty({total, n_heads * hd}, qkv.options());
   bf16* qp = q.data_ptr<bf16>();
   std::vector<bf16> normed(hd);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t pos = pos_of ? pos_of[i] : start + i, slot = start + i;
-    const bf16* row = src + i * width;
-    for (int64_t h = 0; h < n_heads + n_kv; ++h) {
-      const bool is_q = h < n_heads;
-      const bf16* head = row + h * hd;
-      const float* norm = is_q ? qn : kn;
-      if (norm) {
-        rms_row(head, hd, norm, nullptr, eps, normed.data());
-        head = normed.data();
+  for (const AttendSeq& s : seqs)
+    for (int64_t i = 0; i < s.n; ++i) {
+      const int64_t pos = s.pos_of ? s.pos_of[i] : s.start + i, slot = s.start + i, r = s.row0 + i;
+      const bf16* row = src + r * width;
+      for (int64_t h = 0; h < n_heads + n_kv; ++h) {
+        const bool is_q = h < n_heads;
+        const bf16* head = row + h * hd;
+        const float* norm = is_q ? qn : kn;
+        if (norm) {
+          rms_row(head, hd, norm, nullptr, eps, normed.data());
+          head = normed.data();
+        }
+        bf16* dst = is_q ? qp + r * n_heads * hd + h * hd : s.kc + ((h - n_heads) * s.capacity + slot) * hd;
+        rope_row(head, cp + pos * hd, sp + pos * hd, hd, dst);
       }
-      bf16* dst = is_q ? qp + i * n_heads * hd + h * hd : kc + ((h - n_heads) * capacity + slot) * hd;
-      rope_row(head, cp + pos * hd, sp + pos * hd, hd, dst);
+      for (int64_t h = 0; h < n_kv; ++h)
+        std::copy(row + (n_heads + n_kv + h) * hd, row + (n_heads + n_kv + h + 1) * hd,
+                  s.vc + (h * s.capacity + slot) * hd);
     }
-    for (int64_t h = 0; h < n_kv; ++h)
-      std::copy(row + (n_heads + n_kv + h) * hd, row + (n_heads + n_kv + h + 1) * hd, vc + (h * capacity + slot) * hd);
-  }
-  at::Tensor out = at::empty({n, n_heads * hd}, qkv.options());
+  at::Tensor out = at::empty({total, n_heads * hd}, qkv.options());
   bf16* o = out.data_ptr<bf16>();
   const int64_t group = n_heads / n_kv;
   const float scalef = static_cast<float>(scale);
-  const int64_t vis_width = start + n - lo_visible;
-  auto key_range = [&](int64_t i, int64_t* lo, int64_t* hi, const bool** allowed) {
-    const int64_t pos = start + i;
-    if (vis) {  // a tree: its parents come before it, so no row sees a slot past its own
-      *lo = lo_visible;
-      *allowed = vis + i * vis_width;
-    } else {
-      *lo = window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-      *allowed = nullptr;
-    }
-    *hi = pos;
-  };
-  if (hd % 64 == 0 && hd <= 256) {
-    // Work units: up to kRowBlock (head, position) rows of one KV head.
-    const int64_t rows_per_kv = group * n, blocks_per_kv = (rows_per_kv + kRowBlock - 1) / kRowBlock;
-    const int64_t grain = std::max<int64_t>(1, 4096 / (kRowBlock * (start + n)));
-    at::parallel_for(0, n_kv * blocks_per_kv, grain, [&](int64_t u0, int64_t u1) {
-      std::vector<float> scores, compact;
-      for (int64_t u = u0; u < u1; ++u) {
-        const int64_t kv = u / blocks_per_kv, r0 = (u % blocks_per_kv) * kRowBlock;
-        const int rows = static_cast<int>(std::min<int64_t>(kRowBlock, rows_per_kv - r0));
+  const bool blocked = hd % 64 == 0 && hd <= 256;
+  // Work units, numbered across the sequences: blocked, up to kRowBlock (head, position) rows of one KV
+  // head; else one (head, position) row.
+  std::vector<int64_t> first_unit(count + 1, 0);
+  int64_t keys = 0;
+  for (size_t j = 0; j < count; ++j) {
+    const int64_t per_kv = (group * seqs[j].n + kRowBlock - 1) / kRowBlock;
+    first_unit[j + 1] = first_unit[j] + (blocked ? n_kv * per_kv : n_heads * seqs[j].n);
+    keys += seqs[j].start + seqs[j].n;
+  }
+  const int64_t units = first_unit[count];
+  const int64_t mean_keys = std::max<int64_t>(1, keys / static_cast<int64_t>(count));
+  const int64_t grain = std::max<int64_t>(1, 4096 / ((blocked ? kRowBlock : 1) * mean_keys));  // a few thousand keys
+  at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+    std::vector<float> scores, compact;
+    std::vector<int64_t> slots;
+    size_t j = std::upper_bound(first_unit.begin(), first_unit.end(), u0) - first_unit.begin() - 1;
+    for (int64_t u = u0; u < u1; ++u) {
+      while (u >= first_unit[j + 1]) ++j;
+      const AttendSeq& s = seqs[j];
+      const int64_t local = u - first_unit[j];
+      if (blocked) {
+        const int64_t rows_per_kv = group * s.n, blocks_per_kv = (rows_per_kv + kRowBlock - 1) / kRowBlock;
+        const int64_t kv = local / blocks_per_kv, r0 = (local % blocks_per_kv) * kRowBlock;
+        const int block = static_cast<int>(std::min<int64_t>(kRowBlock, rows_per_kv - r0));
         const bf16* q_rows[kRowBlock];
         bf16* out_rows[kRowBlock];
         int64_t lo[kRowBlock], hi[kRowBlock];
         const bool* allowed[kRowBlock];
-        for (int r = 0; r < rows; ++r) {
-          const int64_t h = kv * group + (r0 + r) / n, i = (r0 + r) % n;
-          q_rows[r] = qp + i * n_heads * hd + h * hd;
-          out_rows[r] = o + i * n_heads * hd + h * hd;
-          key_range(i, &lo[r], &hi[r], &allowed[r]);
+        for (int r = 0; r < block; ++r) {
+          const int64_t h = kv * group + (r0 + r) / s.n, i = (r0 + r) % s.n;
+          q_rows[r] = qp + (s.row0 + i) * n_heads * hd + h * hd;
+          out_rows[r] = o + (s.row0 + i) * n_heads * hd + h * hd;
+          s.key_range(i, window, &lo[r], &hi[r], &allowed[r]);
         }
-        attend_rows(q_rows, rows, lo, hi, allowed, kc + kv * capacity * hd, vc + kv * capacity * hd, hd, scalef,
-                    scores, compact, out_rows);
+        attend_rows(q_rows, block, lo, hi, allowed, s.kc + kv * s.capacity * hd, s.vc + kv * s.capacity * hd, hd,
+                    scalef, scores, compact, out_rows);
+      } else {
+        const int64_t h = local / s.n, i = local % s.n, kv = h / group;
+        int64_t lo, hi;
+        const bool* allowed;
+        s.key_range(i, window, &lo, &hi, &allowed);
+        attend_row(qp + (s.row0 + i) * n_heads * hd + h * hd, s.kc + kv * s.capacity * hd,
+                   s.vc + kv * s.capacity * hd, lo, hi, allowed, hd, scalef, scores, slots,
+                   o + (s.row0 + i) * n_heads * hd + h * hd);
       }
-    });
-    return out;
-  }
-  const int64_t grain = std::max<int64_t>(1, 4096 / (start + n));  // rows per thread: a few thousand keys
-  at::parallel_for(0, n_heads * n, grain, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores;
-    std::vector<int64_t> slots;
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t h = t / n, i = t % n, kv = h / group;
-      int64_t lo, hi;
-      const bool* allowed;
-      key_range(i, &lo, &hi, &allowed);
-      attend_row(qp + i * n_heads * hd + h * hd, kc + kv * capacity * hd, vc + kv * capacity * hd, lo, hi, allowed,
-                 hd, scalef, scores, slots, o + i * n_heads * hd + h * hd);
     }
   });
   return out;
+}
+
+// attend_many for one sequence (positions and visible: a token tree, see AttendSeq).
+at::Tensor attend(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, const at::Tensor& cos,
+                  const at::Tensor& signed_sin, at::Tensor& k_cache, at::Tensor& v_cache, int64_t start,
+                  int64_t window, double scale, const c10::optional<at::Tensor>& q_norm,
+                  const c10::optional<at::Tensor>& k_norm, double eps, const c10::optional<at::Tensor>& positions,
+                  int64_t lo_visible, const c10::optional<at::Tensor>& visible) {
+  const at::Tensor none = at::empty({0}, qkv.options().dtype(at::kLong));
+  return attend_many(qkv, n_heads, n_kv, cos, signed_sin, {k_cache}, {v_cache}, {start}, {qkv.size(0)}, window, scale,
+                     q_norm, k_norm, eps, {positions.value_or(none)}, {lo_visible},
+                     {visible.value_or(none.to(at::kBool))});
 }
 
 // gate_up (n, 2F) -> act(gate) * up (n, F), rounding each op to bf16 as the modules do.
@@ -732,5 +789,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("qkv"), py::arg("n_heads"), py::arg("n_kv"), py::arg("cos"), py::arg("signed_sin"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("start"), py::arg("window"), py::arg("scale"), py::arg("q_norm"), py::arg("k_norm"),
         py::arg("eps"), py::arg("positions") = py::none(), py::arg("lo") = 0, py::arg("visible") = py::none());
+  m.def("attend_many", &attend_many, "attend for several sequences' rows in one call (chains or trees)",
+        py::arg("qkv"), py::arg("n_heads"), py::arg("n_kv"), py::arg("cos"), py::arg("signed_sin"), py::arg("k_caches"),
+        py::arg("v_caches"), py::arg("starts"), py::arg("rows"), py::arg("window"), py::arg("scale"), py::arg("q_norm"),
+        py::arg("k_norm"), py::arg("eps"), py::arg("positions"), py::arg("los"), py::arg("visibles"));
   m.def("act_mul", &act_mul, "act(gate) * up", py::arg("gate_up"), py::arg("gelu_tanh"));
 }
