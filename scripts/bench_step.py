@@ -3,7 +3,7 @@ backend, side by side and interleaved: v(n) = cost(n positions) / cost(1) for n 
 position against the memory bound, and prefill tokens/s on a long prompt; then plain decoding
 against transformers' generate().
 
-    .venv/bin/python scripts/bench_step.py [--target smollm2-135m] [--repeats 15] [--prefill 1500]
+    .venv/bin/python scripts/bench_step.py [--target smollm2-135m] [--repeats 15] [--prefill 300,1500]
         [--rows 1,2,4,8,16,32,64] [--no-plain]
 
 Paths: "lean+tiles" (kernels.cpp on AMX tiles, where the CPU has them), "lean+kernels" (kernels.cpp's
@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--rows", default="1,2,4,8,16,32,64")
-    parser.add_argument("--prefill", type=int, default=1500, help="prompt length for the prefill rate (0: skip)")
+    parser.add_argument("--prefill", default="1500", help="prompt lengths for the prefill rate, comma-separated (0: skip)")
     parser.add_argument("--no-plain", action="store_true", help="skip plain decoding against generate()")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
@@ -92,8 +92,9 @@ def main() -> None:
     all_ids = torch.tensor(loaded.tokenizer(text)["input_ids"])
     context = all_ids[:200]
     times: dict[tuple[str, int], list[float]] = {}
-    for backend in backends.values():
-        step_times(backend, context, 4, 2)  # warm-up
+    for n in rows:  # warm-up, every shape once
+        for backend in backends.values():
+            step_times(backend, context, n, 2)
     for n in rows:
         for _ in range(3):  # interleave the paths
             for name, backend in backends.items():
@@ -112,10 +113,11 @@ def main() -> None:
     for name in backends:
         med = statistics.median(times[name, 1]) * 1e3
         print(f"{name}: one position {med:.1f} ms = {med / bound_ms:.2f}x the memory bound")
-    if args.prefill:
-        prompt = all_ids[: args.prefill]
-        for backend in backends.values():
-            prefill_seconds(backend, prompt[:64])
+    lengths = [int(n) for n in args.prefill.split(",") if int(n) > 0]
+    for backend in backends.values():
+        prefill_seconds(backend, all_ids[:64])
+    for length in lengths:
+        prompt = all_ids[:length]
         seconds = {name: [] for name in backends}
         for _ in range(3):
             for name, backend in backends.items():

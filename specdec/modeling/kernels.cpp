@@ -434,6 +434,19 @@ SPECDEC_AVX512 inline __m512 exp_ps(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// scores[0..count) <- exp(scores - top) in place, summed in 16 lanes by index; returns 1 / the sum.
+// (A key's lane is its number among the keys a query sees: see attend_row.)
+SPECDEC_AVX512 inline float exp_in_place(float* scores, int64_t count, float top) {
+  __m512 sums = _mm512_setzero_ps();
+  for (int64_t j = 0; j < count; j += 16) {
+    const __mmask16 mask = mask16(count - j);
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores + j), _mm512_set1_ps(top)));
+    _mm512_mask_storeu_ps(scores + j, mask, e);
+    sums = _mm512_add_ps(sums, _mm512_maskz_mov_ps(mask, e));
+  }
+  return 1.f / _mm512_reduce_add_ps(sums);
+}
+
 // q (hd,) against keys [lo, hi] of one KV head; writes bf16 softmax(q k^T * scale) v to out.
 // allowed (nullptr: all): allowed[j - lo] says whether key j is visible (a token tree's ancestors).
 // The visible keys are numbered from 0 in order, and that number, not the slot, picks the lane of
@@ -458,14 +471,7 @@ SPECDEC_AVX512 void attend_row(const bf16* q, const bf16* keys, const bf16* valu
     scores[count] = _mm512_reduce_add_ps(acc) * scale;
     top = std::max(top, scores[count++]);
   }
-  __m512 sums = _mm512_setzero_ps();
-  for (int64_t j = 0; j < count; j += 16) {
-    const __mmask16 mask = mask16(count - j);
-    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scores.data() + j), _mm512_set1_ps(top)));
-    _mm512_mask_storeu_ps(scores.data() + j, mask, e);
-    sums = _mm512_add_ps(sums, _mm512_maskz_mov_ps(mask, e));
-  }
-  const float inv = 1.f / _mm512_reduce_add_ps(sums);
+  const float inv = exp_in_place(scores.data(), count, top);
   for (int64_t k = 0; k < hd; k += 16) {
     const __mmask16 mask = mask16(hd - k);
     __m512 acc = _mm512_setzero_ps();
@@ -535,14 +541,7 @@ SPECDEC_AVX512 void attend_rows(const bf16* const* q, int rows, const int64_t* l
           compact[count] = row[lo[r] + j - first];
           top = std::max(top, compact[count++]);
         }
-      __m512 sums = _mm512_setzero_ps();
-      for (int64_t j = 0; j < count; j += 16) {
-        const __mmask16 mask = mask16(count - j);
-        const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, compact.data() + j), _mm512_set1_ps(top)));
-        _mm512_mask_storeu_ps(compact.data() + j, mask, e);
-        sums = _mm512_add_ps(sums, _mm512_maskz_mov_ps(mask, e));
-      }
-      inv[r] = 1.f / _mm512_reduce_add_ps(sums);
+      inv[r] = exp_in_place(compact.data(), count, top);
       for (int64_t j = 0, n = 0; j < span; ++j) row[lo[r] + j - first] = allowed[r][j] ? compact[n++] : 0.f;
       continue;
     }
@@ -551,15 +550,8 @@ SPECDEC_AVX512 void attend_rows(const bf16* const* q, int rows, const int64_t* l
       const __mmask16 mask = mask16(hi[r] - j + 1);
       tops = _mm512_mask_max_ps(tops, mask, tops, _mm512_maskz_loadu_ps(mask, row + (j - first)));
     }
-    const float top = _mm512_reduce_max_ps(tops);
-    __m512 sums = _mm512_setzero_ps();
-    for (int64_t j = lo[r]; j <= hi[r]; j += 16) {  // keys outside [lo, hi] keep probability 0
-      const __mmask16 mask = mask16(hi[r] - j + 1);
-      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, row + (j - first)), _mm512_set1_ps(top)));
-      _mm512_mask_storeu_ps(row + (j - first), mask, e);
-      sums = _mm512_add_ps(sums, _mm512_maskz_mov_ps(mask, e));
-    }
-    inv[r] = 1.f / _mm512_reduce_add_ps(sums);
+    // keys outside [lo, hi] keep probability 0
+    inv[r] = exp_in_place(row + (lo[r] - first), hi[r] - lo[r] + 1, _mm512_reduce_max_ps(tops));
   }
   for (int64_t d0 = 0; d0 < hd; d0 += 64) {
     __m512 acc[kRowBlock][4];
