@@ -151,7 +151,7 @@ def test_several_sequences_in_one_pass_equal_each_alone_to_the_bit(kern, tiled, 
 def test_speculative_equals_plain_on_the_tiles(tiles, name, model):
     """Chains and trees of drafts of any length, gamma fixed (past 16 rows) or auto."""
     lean = backend(model, tiled=True)
-    assert lean.fast_trees and lean.cheap_rows
+    assert lean.cheap_rows and lean.fast_rows >= 64
     prompt = [int(t) for t in torch.randint(0, 40, (24,), generator=torch.Generator().manual_seed(5))] * 2
     plain = SpeculativeEngine(lean, None).generate(prompt, SamplingParams(), SpecConfig(gamma=0, max_new_tokens=40))
     expected = plain.run().tokens

@@ -55,9 +55,6 @@ class Backend(ABC):
     """The most positions one pass scores on the fast path, whose numbers do not depend on how
     many positions are scored together; None where there is no such path. gamma="auto" stays
     within it (fast_rows - 1 drafts), so speculative greedy output equals plain greedy output."""
-    fast_trees: bool = False
-    """Whether token-tree passes of up to fast_rows rows run on that path too (a tree's accepted path
-    then scores to the bit what a chain of it scores)."""
     cheap_rows: bool = False
     """Whether a pass of 16-32 positions costs about what one does (matrix tiles): token trees and
     long chains are then nearly free to verify."""

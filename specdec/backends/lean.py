@@ -90,12 +90,11 @@ class LeanBackend(Backend):
         self.packed = (self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float32) and kern is None
                        and can_pack(self.dtype))
         self.tiles = kern is not None and kern.tiles and use_tiles
-        self.decoder_kernels = kern
+        self._pack_tiles = kern.pack if self.tiles else None  # before the decoder exists: _weight packs with it
         if kern is not None:
             self.path = "lean+tiles" if self.tiles else "lean+kernels"
             # on tiles every pass is on the one path, prefill included: as many rows as the model holds
             self.fast_rows = config.max_position_embeddings if self.tiles else KERNEL_ROWS
-            self.fast_trees = True
             self.cheap_rows = self.tiles
         self.gguf = None
         if gguf is not None:
@@ -181,8 +180,8 @@ class LeanBackend(Backend):
             if chosen is not None:
                 self.params_on_blocks += weight.numel()
                 return chosen
-        if self.tiles:
-            return self.decoder_kernels.pack(weight)
+        if self._pack_tiles is not None:
+            return self._pack_tiles(weight)
         return pack(weight) if self.packed else weight.detach().contiguous()
 
     def _reset(self) -> None:

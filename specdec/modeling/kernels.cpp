@@ -174,7 +174,6 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<
   return out;
 }
 
-
 // ---- AMX tiles: x @ w.T for any number of rows, on weights packed once into the tile layout ----
 //
 // An AMX instruction (tdpbf16ps) multiplies a 16 x 32 bf16 tile of x by a 32 x 16 tile of w.T and
@@ -184,10 +183,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<
 // loads from: per pair of 16-column blocks and per 32 columns of K, two 16 x 64-byte tiles whose row
 // kk holds (w[n][2kk], w[n][2kk+1]) for n = 0..15 ("VNNI" pairs), so each pair's stream is contiguous.
 //
-// Row invariance: x is copied into zero-padded 16-row tiles and every row goes through the same
-// tile instructions in the same order of K whatever the number of rows, so one row's result is the
-// same whether it is multiplied alone or with 63 others (tests/test_kernels.py checks it to the bit).
-
+// Row invariance: every row goes through the same tile instructions in the same order of K whatever
+// the number of rows (up to 16 rows are read in place by a tile of that many rows, more are copied
+// into zero-padded 16-row tiles, and a tile's rows never mix), so one row's result is the same whether
+// it is multiplied alone or with 63 others (tests/test_tiles.py checks it to the bit).
 
 #define SPECDEC_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,amx-tile,amx-bf16")))
 
@@ -277,9 +276,9 @@ SPECDEC_AMX void tile_pairs(int64_t p0, int64_t p1, const bf16* xp, int64_t M, i
       if (!two) {  // one tile of rows: alternate two sets of tiles, so a load need not wait on the last product
         int64_t b = 0;
         for (; b + 2 <= kb; b += 2) {
-          {  // the weights stream from memory once: fetch them SPECDEC_TILE_AHEAD bytes ahead, across page
-             // boundaries the hardware prefetcher stops at (without it, one-row passes ran up to 1.4x slower
-             // in some processes, and 3-4 % slower with it than the dot products, measured interleaved)
+          {  // the weights stream from memory once: fetch them SPECDEC_TILE_AHEAD bytes ahead, across the
+             // 4 KB pages the hardware prefetcher stops at (measured interleaved with the dot products: one-row
+             // passes up to 1.4x slower than theirs in some processes without it, 2-4 % with it)
             const char* ahead = reinterpret_cast<const char*>(wpair + b * 1024) + SPECDEC_TILE_AHEAD;
             for (int line = 0; line < 4096; line += 64) _mm_prefetch(ahead + line, SPECDEC_TILE_HINT);
           }
