@@ -172,6 +172,8 @@ class KernelPass:
     a chain)."""
 
     segments: list[Segment]
+    tiles: bool = False
+    """Attention's scores on AMX tiles too (the weights are on tiles, and head_dim is 64, 128 or 256)."""
     starts: list[int] = field(init=False)
     rows: list[int] = field(init=False)
     trees: dict = field(default_factory=dict)
@@ -202,7 +204,7 @@ def layer_kernels(kern, h: torch.Tensor, w: LayerWeights, arch: Arch, rope: Rope
     positions, los, visibles = work.tree_args(w.window)
     attn = kern.attend_many(qkv, arch.n_heads, arch.n_kv, cos, sin, [s.cache.k[index] for s in work.segments],
                             [s.cache.v[index] for s in work.segments], work.starts, work.rows, w.window or 0,
-                            arch.scale, norms.get("q"), norms.get("k"), eps, positions, los, visibles)
+                            arch.scale, norms.get("q"), norms.get("k"), eps, positions, los, visibles, work.tiles)
     if gemma:
         h = h + kern.rms_norm(kern.linear(attn, w.wo), norms["attn_out"], eps)
     else:
@@ -337,7 +339,8 @@ class Decoder:
 
     def _run_kernels(self, h: torch.Tensor, segments: list[Segment], attn_input: torch.Tensor | None,
                      taps: Taps | None) -> torch.Tensor:
-        work = KernelPass(segments)
+        hd = self.arch.head_dim
+        work = KernelPass(segments, tiles=self.kernel_rows is None and hd % 64 == 0 and hd <= 256)
         h = h.contiguous()
         for i, layer in enumerate(self.layers):
             if taps is not None:

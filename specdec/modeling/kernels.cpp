@@ -264,6 +264,7 @@ SPECDEC_AMX void tile_pairs(int64_t p0, int64_t p1, const bf16* xp, int64_t M, i
     config.rows[t] = static_cast<uint8_t>(Mp < 16 && t < 4 ? Mp : 16);
     config.colsb[t] = 64;
   }
+  asm volatile("" : : "r"(&config) : "memory");  // GCC would drop the stores ldtilecfg reads
   _tile_loadconfig(&config);
   alignas(64) float acc[kTileM * kTileN];
   for (int64_t p = p0; p < p1; ++p) {
@@ -501,6 +502,54 @@ SPECDEC_AVX512 inline __m512 sum16(const __m512* v) {
 
 constexpr int kRowBlock = 6;  // query rows sharing one pass over the keys (24 accumulators for hd 64)
 
+// All eight tiles as 16 rows of 64 bytes (what linear_tiles and score_rows_tiles use).
+SPECDEC_AMX void configure_tiles() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  asm volatile("" : : "r"(&config) : "memory");  // GCC would drop the stores ldtilecfg reads
+  _tile_loadconfig(&config);
+}
+
+// Scores of up to kRowBlock query rows against the keys of one KV head on AMX tiles (configure_tiles
+// first): scores[r * width + j - first] = (q_r . k_j) * scale for j in [lo[r], hi[r]]. Per 16 keys one
+// product S^T = K Q^T (the keys read in place from the cache, Q^T in the B operand's pairs), so every
+// (row, key) goes through the same tile instructions whatever else shares the block.
+SPECDEC_AMX void score_rows_tiles(const bf16* const* q, int rows, const int64_t* lo, const int64_t* hi, int64_t first,
+                                  int64_t last, const bf16* keys, int64_t hd, float scale, float* scores,
+                                  int64_t width) {
+  const int64_t chunks = hd / 32;
+  alignas(64) uint32_t qt[8][16][16] = {};  // [chunk][pair kk][row m] = (q_m[32c + 2kk], q_m[32c + 2kk + 1])
+  for (int m = 0; m < rows; ++m) {
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(q[m]);
+    for (int64_t c = 0; c < chunks; ++c)
+      for (int kk = 0; kk < 16; ++kk) qt[c][kk][m] = src[c * 16 + kk];
+  }
+  alignas(64) float st[16][16];
+  alignas(64) bf16 tail[16 * 256];
+  for (int64_t j0 = first; j0 <= last; j0 += 16) {
+    const int64_t count = std::min<int64_t>(16, last - j0 + 1);
+    const bf16* block = keys + j0 * hd;
+    if (count < 16) {  // the last keys: a zero-padded copy, so the tile reads nothing past them
+      std::memset(static_cast<void*>(tail), 0, sizeof(tail));
+      std::memcpy(static_cast<void*>(tail), block, count * hd * sizeof(bf16));
+      block = tail;
+    }
+    _tile_zero(0);
+    for (int64_t c = 0; c < chunks; ++c) {
+      _tile_loadd(1, block + c * 32, hd * 2);
+      _tile_loadd(2, qt[c], 64);
+      _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, st, 64);
+    for (int m = 0; m < rows; ++m)
+      for (int64_t jj = std::max<int64_t>(0, lo[m] - j0); jj < count && j0 + jj <= hi[m]; ++jj)
+        scores[m * width + j0 + jj - first] = st[jj][m] * scale;
+  }
+}
+
 // Attention for up to kRowBlock query rows of one KV head (head_dim a multiple of 64, at most 256):
 // row r attends to keys [lo[r], hi[r]] (those where allowed[r][j - lo[r]], if allowed[r] is given).
 // Each block of 16 keys is scored for every row with one 16-way reduction, and each value row is
@@ -508,18 +557,19 @@ constexpr int kRowBlock = 6;  // query rows sharing one pass over the keys (24 a
 // for the exponentials' sum, as attend_row does (its hidden keys weigh 0 in the values' sum).
 SPECDEC_AVX512 void attend_rows(const bf16* const* q, int rows, const int64_t* lo, const int64_t* hi,
                                 const bool* const* allowed, const bf16* keys, const bf16* values, int64_t hd,
-                                float scale, std::vector<float>& scores, std::vector<float>& compact,
+                                float scale, bool tiles, std::vector<float>& scores, std::vector<float>& compact,
                                 bf16* const* out) {
   const int64_t first = *std::min_element(lo, lo + rows), last = *std::max_element(hi, hi + rows);
   const int64_t width = (last - first + 16) / 16 * 16;
   scores.assign(static_cast<size_t>(rows) * width, 0.f);
   const int64_t chunks = hd / 32;
   float inv[kRowBlock];  // 1 / the softmax denominator of each row, applied to its output
+  if (tiles) score_rows_tiles(q, rows, lo, hi, first, last, keys, hd, scale, scores.data(), width);
   for (int r = 0; r < rows; ++r) {
     __m512bh qv[8];
     for (int64_t c = 0; c < chunks; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q[r] + c * 32);
     float* row = scores.data() + r * width;
-    for (int64_t j0 = lo[r]; j0 <= hi[r]; j0 += 16) {
+    for (int64_t j0 = lo[r]; !tiles && j0 <= hi[r]; j0 += 16) {  // the scores on the dot products
       const int64_t count = std::min<int64_t>(16, hi[r] - j0 + 1);
       __m512 acc[16];
       for (int jj = 0; jj < 16; ++jj) {
@@ -610,7 +660,7 @@ at::Tensor attend_many(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, con
                        const std::vector<int64_t>& rows, int64_t window, double scale,
                        const c10::optional<at::Tensor>& q_norm, const c10::optional<at::Tensor>& k_norm, double eps,
                        const std::vector<at::Tensor>& positions, const std::vector<int64_t>& los,
-                       const std::vector<at::Tensor>& visibles) {
+                       const std::vector<at::Tensor>& visibles, bool tiles) {
   check_bf16(qkv, "qkv", 2);
   check_bf16(cos, "cos", 2);
   check_bf16(signed_sin, "signed_sin", 2);
@@ -688,6 +738,7 @@ at::Tensor attend_many(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, con
   const int64_t group = n_heads / n_kv;
   const float scalef = static_cast<float>(scale);
   const bool blocked = hd % 64 == 0 && hd <= 256;
+  TORCH_CHECK(!tiles || (blocked && amx_permitted()), "scores on tiles need AMX and a head_dim of 64, 128 or 256");
   // Work units, numbered across the sequences: blocked, up to kRowBlock (head, position) rows of one KV
   // head; else one (head, position) row.
   std::vector<int64_t> first_unit(count + 1, 0);
@@ -701,6 +752,7 @@ at::Tensor attend_many(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, con
   const int64_t mean_keys = std::max<int64_t>(1, keys / static_cast<int64_t>(count));
   const int64_t grain = std::max<int64_t>(1, 4096 / ((blocked ? kRowBlock : 1) * mean_keys));  // a few thousand keys
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+    if (tiles) configure_tiles();
     std::vector<float> scores, compact;
     std::vector<int64_t> slots;
     size_t j = std::upper_bound(first_unit.begin(), first_unit.end(), u0) - first_unit.begin() - 1;
@@ -723,7 +775,7 @@ at::Tensor attend_many(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, con
           s.key_range(i, window, &lo[r], &hi[r], &allowed[r]);
         }
         attend_rows(q_rows, block, lo, hi, allowed, s.kc + kv * s.capacity * hd, s.vc + kv * s.capacity * hd, hd,
-                    scalef, scores, compact, out_rows);
+                    scalef, tiles, scores, compact, out_rows);
       } else {
         const int64_t h = local / s.n, i = local % s.n, kv = h / group;
         int64_t lo, hi;
@@ -747,7 +799,7 @@ at::Tensor attend(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, const at
   const at::Tensor none = at::empty({0}, qkv.options().dtype(at::kLong));
   return attend_many(qkv, n_heads, n_kv, cos, signed_sin, {k_cache}, {v_cache}, {start}, {qkv.size(0)}, window, scale,
                      q_norm, k_norm, eps, {positions.value_or(none)}, {lo_visible},
-                     {visible.value_or(none.to(at::kBool))});
+                     {visible.value_or(none.to(at::kBool))}, false);
 }
 
 // gate_up (n, 2F) -> act(gate) * up (n, F), rounding each op to bf16 as the modules do.
@@ -783,6 +835,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_many", &attend_many, "attend for several sequences' rows in one call (chains or trees)",
         py::arg("qkv"), py::arg("n_heads"), py::arg("n_kv"), py::arg("cos"), py::arg("signed_sin"), py::arg("k_caches"),
         py::arg("v_caches"), py::arg("starts"), py::arg("rows"), py::arg("window"), py::arg("scale"), py::arg("q_norm"),
-        py::arg("k_norm"), py::arg("eps"), py::arg("positions"), py::arg("los"), py::arg("visibles"));
+        py::arg("k_norm"), py::arg("eps"), py::arg("positions"), py::arg("los"), py::arg("visibles"),
+        py::arg("tiles") = false);
   m.def("act_mul", &act_mul, "act(gate) * up", py::arg("gate_up"), py::arg("gelu_tanh"));
 }
