@@ -127,6 +127,14 @@ void check_bf16(const at::Tensor& t, const char* name, int64_t dims) {
   TORCH_CHECK(t.dim() == dims && t.is_contiguous(), name, " must be a contiguous ", dims, "-d tensor");
 }
 
+// The residual's data (nullptr for none), checked to be (M, N) bf16.
+const bf16* residual_rows(const c10::optional<at::Tensor>& residual, int64_t M, int64_t N) {
+  if (!residual.has_value()) return nullptr;
+  check_bf16(*residual, "residual", 2);
+  TORCH_CHECK(residual->size(0) == M && residual->size(1) == N, "residual must be (M, N)");
+  return residual->data_ptr<bf16>();
+}
+
 // x (M, K) @ w (N, K).T [+ residual (M, N)] -> (M, N) bf16. Rounds the product to bf16 before the
 // residual add, as `h + linear(x)` does in bf16.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& residual) {
@@ -134,12 +142,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<
   check_bf16(w, "w", 2);
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   TORCH_CHECK(w.size(1) == K, "x has ", K, " columns but w has ", w.size(1));
-  const bf16* res = nullptr;
-  if (residual.has_value()) {
-    check_bf16(*residual, "residual", 2);
-    TORCH_CHECK(residual->size(0) == M && residual->size(1) == N, "residual must be (M, N)");
-    res = residual->data_ptr<bf16>();
-  }
+  const bf16* res = residual_rows(residual, M, N);
   at::Tensor out = at::empty({M, N}, x.options());
   const bf16* xp = x.data_ptr<bf16>();
   const bf16* wp = w.data_ptr<bf16>();
@@ -338,12 +341,7 @@ at::Tensor linear_tiles(const at::Tensor& x, const at::Tensor& packed, int64_t N
   const int64_t pairs = (N + kTileN - 1) / kTileN;
   TORCH_CHECK(packed.size(0) == pairs && packed.size(1) == kb * 1024, "packed weights do not match x's ", K,
               " columns and ", N, " outputs");
-  const bf16* res = nullptr;
-  if (residual.has_value()) {
-    check_bf16(*residual, "residual", 2);
-    TORCH_CHECK(residual->size(0) == M && residual->size(1) == N, "residual must be (M, N)");
-    res = residual->data_ptr<bf16>();
-  }
+  const bf16* res = residual_rows(residual, M, N);
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0) return out;
   const bf16* xp = x.data_ptr<bf16>();
