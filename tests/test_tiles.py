@@ -161,3 +161,12 @@ def test_speculative_equals_plain_on_the_tiles(tiles, name, model):
                                                            SpecConfig(gamma=gamma, max_new_tokens=40)).run()
             assert run.tokens == expected, (type(drafter).__name__, gamma)
             assert run.stats.path == "lean+tiles"
+
+
+def test_turning_the_tiles_off_says_why_and_keeps_the_dot_products(kern, monkeypatch):
+    monkeypatch.setenv("SPECDEC_TILES", "0")
+    off = kernels.Kernels(kern.module)
+    assert not off.tiles and "SPECDEC_TILES=0" in off.tiles_reason
+    monkeypatch.setattr(kernels, "_kernels", off)
+    lean = LeanBackend(tiny_llama(40, seed=3).to(torch.bfloat16))
+    assert lean.path == "lean+kernels" and lean.fast_rows == 16 and not lean.cheap_rows
