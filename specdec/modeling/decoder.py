@@ -176,7 +176,7 @@ class KernelPass:
     """Attention's scores on AMX tiles too (the weights are on tiles, and head_dim is 64, 128 or 256)."""
     starts: list[int] = field(init=False)
     rows: list[int] = field(init=False)
-    trees: dict = field(default_factory=dict)
+    trees: dict = field(init=False, default_factory=dict)
 
     def __post_init__(self):
         self.starts = [s.start for s in self.segments]

@@ -209,6 +209,18 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
+// This thread's eight tiles as rows of 64 bytes: 16 rows, tiles 0-3 `first_rows` (a product of fewer
+// than 16 rows of x reads them in place).
+SPECDEC_AMX void configure_tiles(int first_rows = 16) {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = static_cast<uint8_t>(t < 4 ? first_rows : 16);
+    config.colsb[t] = 64;
+  }
+  asm volatile("" : : "r"(&config) : "memory");  // GCC would drop the stores ldtilecfg reads
+  _tile_loadconfig(&config);
+}
+
 bool amx_permitted() {
   // The kernel hands out AMX state on request (Linux >= 5.16): ask once for the process.
   static const bool ok = [] {
@@ -262,13 +274,8 @@ SPECDEC_AVX512 inline void store_rows(const float* acc, int64_t ld, int64_t rows
 SPECDEC_AMX void tile_pairs(int64_t p0, int64_t p1, const bf16* xp, int64_t M, int64_t Mp, int64_t Kp, int64_t stride,
                             const bf16* wp, int64_t N, const bf16* res, bf16* op) {
   const int64_t kb = Kp / kTileK, ld = stride / 2;
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {  // C tiles 0-3, A tiles 4 (2, 3 in the one-tile loop) and 5, B tiles 6, 7 (4-7)
-    config.rows[t] = static_cast<uint8_t>(Mp < 16 && t < 4 ? Mp : 16);
-    config.colsb[t] = 64;
-  }
-  asm volatile("" : : "r"(&config) : "memory");  // GCC would drop the stores ldtilecfg reads
-  _tile_loadconfig(&config);
+  configure_tiles(static_cast<int>(std::min<int64_t>(Mp, 16)));  // C tiles 0-3, A 4 (2, 3 in the one-tile loop) and 5,
+                                                                 // B 6, 7 (4-7)
   alignas(64) float acc[kTileM * kTileN];
   for (int64_t p = p0; p < p1; ++p) {
     const bf16* wpair = wp + p * kb * 1024;
@@ -500,17 +507,6 @@ SPECDEC_AVX512 inline __m512 sum16(const __m512* v) {
 
 constexpr int kRowBlock = 6;  // query rows sharing one pass over the keys (24 accumulators for hd 64)
 
-// All eight tiles as 16 rows of 64 bytes (what linear_tiles and score_rows_tiles use).
-SPECDEC_AMX void configure_tiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.colsb[t] = 64;
-  }
-  asm volatile("" : : "r"(&config) : "memory");  // GCC would drop the stores ldtilecfg reads
-  _tile_loadconfig(&config);
-}
-
 // Scores of up to kRowBlock query rows against the keys of one KV head on AMX tiles (configure_tiles
 // first): scores[r * width + j - first] = (q_r . k_j) * scale for j in [lo[r], hi[r]]. Per 16 keys one
 // product S^T = K Q^T (the keys read in place from the cache, Q^T in the B operand's pairs), so every
@@ -548,26 +544,17 @@ SPECDEC_AMX void score_rows_tiles(const bf16* const* q, int rows, const int64_t*
   }
 }
 
-// Attention for up to kRowBlock query rows of one KV head (head_dim a multiple of 64, at most 256):
-// row r attends to keys [lo[r], hi[r]] (those where allowed[r][j - lo[r]], if allowed[r] is given).
-// Each block of 16 keys is scored for every row with one 16-way reduction, and each value row is
-// widened to fp32 once for all the rows. A masked row's visible keys are numbered among themselves
-// for the exponentials' sum, as attend_row does (its hidden keys weigh 0 in the values' sum).
-SPECDEC_AVX512 void attend_rows(const bf16* const* q, int rows, const int64_t* lo, const int64_t* hi,
-                                const bool* const* allowed, const bf16* keys, const bf16* values, int64_t hd,
-                                float scale, bool tiles, std::vector<float>& scores, std::vector<float>& compact,
-                                bf16* const* out) {
-  const int64_t first = *std::min_element(lo, lo + rows), last = *std::max_element(hi, hi + rows);
-  const int64_t width = (last - first + 16) / 16 * 16;
-  scores.assign(static_cast<size_t>(rows) * width, 0.f);
+// The same scores on AVX-512 BF16 dot products: each block of 16 keys scored for a row with one
+// 16-way reduction.
+SPECDEC_AVX512 void score_rows_dots(const bf16* const* q, int rows, const int64_t* lo, const int64_t* hi,
+                                    int64_t first, const bf16* keys, int64_t hd, float scale, float* scores,
+                                    int64_t width) {
   const int64_t chunks = hd / 32;
-  float inv[kRowBlock];  // 1 / the softmax denominator of each row, applied to its output
-  if (tiles) score_rows_tiles(q, rows, lo, hi, first, last, keys, hd, scale, scores.data(), width);
   for (int r = 0; r < rows; ++r) {
     __m512bh qv[8];
     for (int64_t c = 0; c < chunks; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q[r] + c * 32);
-    float* row = scores.data() + r * width;
-    for (int64_t j0 = lo[r]; !tiles && j0 <= hi[r]; j0 += 16) {  // the scores on the dot products
+    float* row = scores + r * width;
+    for (int64_t j0 = lo[r]; j0 <= hi[r]; j0 += 16) {
       const int64_t count = std::min<int64_t>(16, hi[r] - j0 + 1);
       __m512 acc[16];
       for (int jj = 0; jj < 16; ++jj) {
@@ -578,6 +565,28 @@ SPECDEC_AVX512 void attend_rows(const bf16* const* q, int rows, const int64_t* l
       }
       _mm512_mask_storeu_ps(row + (j0 - first), mask16(count), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
     }
+  }
+}
+
+// Attention for up to kRowBlock query rows of one KV head (head_dim a multiple of 64, at most 256):
+// row r attends to keys [lo[r], hi[r]] (those where allowed[r][j - lo[r]], if allowed[r] is given).
+// Scored on tiles or dot products (score_rows_tiles, score_rows_dots); each value row is widened to
+// fp32 once for all the rows. A masked row's visible keys are numbered among themselves
+// for the exponentials' sum, as attend_row does (its hidden keys weigh 0 in the values' sum).
+SPECDEC_AVX512 void attend_rows(const bf16* const* q, int rows, const int64_t* lo, const int64_t* hi,
+                                const bool* const* allowed, const bf16* keys, const bf16* values, int64_t hd,
+                                float scale, bool tiles, std::vector<float>& scores, std::vector<float>& compact,
+                                bf16* const* out) {
+  const int64_t first = *std::min_element(lo, lo + rows), last = *std::max_element(hi, hi + rows);
+  const int64_t width = (last - first + 16) / 16 * 16;
+  scores.assign(static_cast<size_t>(rows) * width, 0.f);
+  float inv[kRowBlock];  // 1 / the softmax denominator of each row, applied to its output
+  if (tiles)
+    score_rows_tiles(q, rows, lo, hi, first, last, keys, hd, scale, scores.data(), width);
+  else
+    score_rows_dots(q, rows, lo, hi, first, keys, hd, scale, scores.data(), width);
+  for (int r = 0; r < rows; ++r) {
+    float* row = scores.data() + r * width;
     if (allowed[r] != nullptr) {  // a tree's row: the visible keys' scores in order, then as below
       const int64_t span = hi[r] - lo[r] + 1;
       compact.resize(span + 16);
