@@ -51,6 +51,25 @@ def tiny_gemma3(vocab_size: int = 40, seed: int = 0, sliding_window: int = 8, he
     return Gemma3ForCausalLM(config).eval()
 
 
+def check_tree_path_scores_like_steps(backend) -> None:
+    """A tree whose accepted path has another branch in the slots between its nodes (masked out) must
+    score that path to the bit as one-position steps do, and after keep_path the next step too: the
+    check of every backend's tree attention (a tiny 40-token model; 21 positions of context, past
+    Gemma's window of 8)."""
+    ids = torch.randint(0, 40, (30,), generator=torch.Generator().manual_seed(7))
+    context, path = ids[:21], ids[21:26]
+    backend.prefill(context)
+    steps = torch.cat([backend.forward(path[i : i + 1]) for i in range(5)])
+    after = backend.forward(ids[26:27])
+    backend.rollback(21)
+    # root, then three nodes of another branch, then the path's four nodes: slots 22-24 hold the others
+    tree = torch.cat([path[:1], torch.tensor([1, 2, 3]), path[1:]])
+    logits = backend.forward_tree(tree, torch.tensor([-1, 0, 1, -1, 3, 4, 5]))
+    assert torch.equal(logits[[0, 4, 5, 6, 7]], steps)
+    backend.keep_path(21, [3, 4, 5, 6])
+    assert torch.equal(backend.forward(ids[26:27]), after)  # the kept keys and values are the path's
+
+
 def char_tokenizer(chars: list[str] = CHARS):
     """A character-level fast tokenizer (id = position in `chars`) with an end-of-text token."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers

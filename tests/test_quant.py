@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import built_extension, tiny_gemma3, tiny_llama
+from helpers import built_extension, check_tree_path_scores_like_steps, tiny_gemma3, tiny_llama
 from specdec.backends.gguf import GGUFWeights, choose_weights
 from specdec.backends.lean import LeanBackend, target_backend
 from specdec.batching import Batch
@@ -210,20 +210,7 @@ def test_a_trees_accepted_path_scores_what_plain_decoding_scores_to_the_bit(kern
     let that change a sum's order, or the accepted path's logits differ from one-position steps in the
     last bits, which int8 activations (rounded per 32) turn into differences of whole logits."""
     model = tiny(arch)
-    backend = LeanBackend(model, gguf=quantised_twin(model, ALL_Q4_1), int8_activations=int8)
-    ids = torch.randint(0, 40, (30,), generator=torch.Generator().manual_seed(7))
-    context, path = ids[:21], ids[21:26]  # past Gemma's window of 8
-    backend.prefill(context)
-    steps = torch.cat([backend.forward(path[i : i + 1]) for i in range(5)])
-    after = backend.forward(ids[26:27])
-    backend.rollback(21)
-    # root, then three nodes of another branch, then the path's four nodes: slots 22-24 hold the others
-    tree = torch.cat([path[:1], torch.tensor([1, 2, 3]), path[1:]])
-    parents = torch.tensor([-1, 0, 1, -1, 3, 4, 5])
-    logits = backend.forward_tree(tree, parents)
-    assert torch.equal(logits[[0, 4, 5, 6, 7]], steps)
-    backend.keep_path(21, [3, 4, 5, 6])
-    assert torch.equal(backend.forward(ids[26:27]), after)  # the kept keys and values are the path's
+    check_tree_path_scores_like_steps(LeanBackend(model, gguf=quantised_twin(model, ALL_Q4_1), int8_activations=int8))
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

@@ -7,7 +7,7 @@ batch tests also run on the AVX-512 dot products (passes of up to 16 rows)."""
 import pytest
 import torch
 
-from helpers import tiny_gemma3, tiny_llama
+from helpers import check_tree_path_scores_like_steps, tiny_gemma3, tiny_llama
 from specdec.backends.base import Step
 from specdec.backends.lean import LeanBackend
 from specdec.config import SamplingParams, SpecConfig
@@ -103,18 +103,7 @@ def test_a_trees_accepted_path_scores_what_plain_decoding_scores_to_the_bit(kern
     the same too."""
     if tiled and not kern.tiles:
         pytest.skip(f"AMX tiles do not run here: {kern.tiles_reason}")
-    lean = backend(model, tiled)
-    ids = torch.randint(0, 40, (30,), generator=torch.Generator().manual_seed(7))
-    context, path = ids[:21], ids[21:26]  # past Gemma's window of 8
-    lean.prefill(context)
-    steps = torch.cat([lean.forward(path[i : i + 1]) for i in range(5)])
-    after = lean.forward(ids[26:27])
-    lean.rollback(21)
-    tree = torch.cat([path[:1], torch.tensor([1, 2, 3]), path[1:]])  # slots 22-24 hold another branch
-    logits = lean.forward_tree(tree, torch.tensor([-1, 0, 1, -1, 3, 4, 5]))
-    assert torch.equal(logits[[0, 4, 5, 6, 7]], steps)
-    lean.keep_path(21, [3, 4, 5, 6])
-    assert torch.equal(lean.forward(ids[26:27]), after)
+    check_tree_path_scores_like_steps(backend(model, tiled))
 
 
 @pytest.mark.parametrize("tiled", [True, False], ids=["tiles", "dot-products"])
