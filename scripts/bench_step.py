@@ -110,12 +110,14 @@ def main() -> None:
             base = statistics.median(times[name, rows[0]]) * 1e3
             cells.append(f"{med:.1f} ({q[0] * 1e3:.1f}-{q[2] * 1e3:.1f}) v={med / base:.2f}")
         print(f"| {n} | " + " | ".join(cells) + " |")
-    for name in backends:
-        med = statistics.median(times[name, 1]) * 1e3
-        print(f"{name}: one position {med:.1f} ms = {med / bound_ms:.2f}x the memory bound")
+    if 1 in rows:
+        for name in backends:
+            med = statistics.median(times[name, 1]) * 1e3
+            print(f"{name}: one position {med:.1f} ms = {med / bound_ms:.2f}x the memory bound")
     lengths = [int(n) for n in args.prefill.split(",") if int(n) > 0]
-    for backend in backends.values():
-        prefill_seconds(backend, all_ids[:64])
+    if lengths:
+        for backend in backends.values():  # warm-up
+            prefill_seconds(backend, all_ids[:64])
     for length in lengths:
         prompt = all_ids[:length]
         seconds = {name: [] for name in backends}
