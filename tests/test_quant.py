@@ -99,6 +99,75 @@ def test_int8_activations_are_the_quantised_rows_product(kernels, name):
         assert torch.equal(part, out[start : start + rows])
 
 
+def int8_path() -> str:
+    """The stats' path of a target on blocks with int8 activations on this CPU."""
+    return "lean+gguf-int8" + (("+amx" if quant.amx_int8() else "+vnni") if quant.packed_int8() else "")
+
+
+packed_only = pytest.mark.skipif("not quant.packed_int8()",
+                                 reason="the packed int8 kernels need AVX-512 VNNI (this CPU runs the AVX2 ones)")
+
+
+@packed_only
+@pytest.mark.parametrize("name", KINDS)
+def test_packed_int8_is_the_quantised_rows_product(kernels, name):
+    """pack_int8 keeps the blocks' weights: the packed product is the dequantised weights times the
+    activations rounded per row and group (32; Q6_K's 16, its scales' span) to int8, and a row's result
+    depends on that row alone — on vpdpbusd (few rows: tiles of 16, 8, 4 and the rest) as on AMX
+    (more than 24), to the bit."""
+    g = torch.Generator().manual_seed(4)
+    kind = KINDS[name]
+    columns, group = (512 if kind in SUPER else 96), (16 if kind == KINDS["Q6_K"] else 32)
+    w = blocks_of(torch.randn(48, columns, generator=g), kind)
+    packed = quant.pack_int8(w)
+    assert packed.packed and packed.out_features == 48 and quant.shape(packed) == (48, columns)
+    dense = quant.dequantize(w).double()
+    x = torch.randn(40, columns, generator=g)
+    groups = x.view(40, -1, group)
+    scale = groups.abs().amax(-1, keepdim=True) / 127
+    rounded = (torch.round(groups / scale).clamp(-127, 127) * scale).view(40, columns)
+    ref = rounded.double() @ dense.T
+    linear = quant.quant_linear(None, int8=True)
+    together = linear(x, packed)
+    assert (together.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+    for rows in (1, 2, 3, 4, 5, 8, 13, 16, 17, 24, 25, 33):
+        for start in (0, 40 - rows):
+            part = linear(x[start : start + rows].contiguous(), packed)
+            assert torch.equal(part, together[start : start + rows]), (rows, start)
+
+
+@pytest.mark.skipif("not quant.amx_int8()", reason="AMX-INT8 tiles are not granted on this CPU")
+def test_packed_rows_are_the_same_on_vnni_and_amx(kernels):
+    """The integer sums are exact on either instruction and the float steps are one function: forcing
+    every row count onto one path or the other changes no bit."""
+    g = torch.Generator().manual_seed(6)
+    for kind in KINDS.values():
+        columns = 512 if kind in SUPER else 128
+        w = quant.pack_int8(blocks_of(torch.randn(32, columns, generator=g), kind))
+        x = torch.randn(20, columns, generator=g)
+        try:
+            kernels.set_packed_rows(1000)
+            on_vnni = kernels.linear(x, w.blocks, w.code, columns, True)
+            kernels.set_packed_rows(0)
+            on_amx = kernels.linear(x, w.blocks, w.code, columns, True)
+        finally:
+            kernels.set_packed_rows(24)
+        assert torch.equal(on_vnni, on_amx), kind
+
+
+@packed_only
+def test_packing_takes_whole_blocks_of_16_rows(kernels):
+    w = blocks_of(torch.randn(20, 64), 3)
+    assert quant.pack_int8(w) is w  # 20 rows: left to the AVX2 int8 kernels
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        kernels.pack_int8(w.blocks, w.kind, 64)
+    packed = quant.pack_int8(blocks_of(torch.randn(16, 64), 3))
+    with pytest.raises(ValueError, match="packed"):
+        packed.rows(torch.arange(16))
+    with pytest.raises(RuntimeError, match="layout"):
+        kernels.linear(torch.randn(2, 96), packed.blocks, packed.code, 96, True)
+
+
 def test_parts_of_different_kinds_side_by_side(kernels):
     g = torch.Generator().manual_seed(2)
     a, b = blocks_of(torch.randn(8, 32, generator=g), 3), blocks_of(torch.randn(4, 32, generator=g), 8)
@@ -200,7 +269,7 @@ def test_speculative_equals_plain_on_blocks(kernels, arch, int8):
             run = SpeculativeEngine(backend, drafter).generate(prompt, SamplingParams(),
                                                               SpecConfig(gamma=gamma, max_new_tokens=40)).run()
             assert run.tokens == expected, (type(drafter).__name__, gamma)
-            assert run.stats.path == ("lean+gguf-int8" if int8 else "lean+gguf")
+            assert run.stats.path == (int8_path() if int8 else "lean+gguf")
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])

@@ -97,6 +97,7 @@ class LeanBackend(Backend):
             self.fast_rows = config.max_position_embeddings if self.tiles else KERNEL_ROWS
             self.cheap_rows = self.tiles
         self.gguf = None
+        self._pack_int8 = False
         if gguf is not None:
             if self.dtype != torch.float32 or self.device.type != "cpu":
                 raise SpecdecError("GGUF weights run on the CPU with float32 activations: load the model in float32")
@@ -104,6 +105,10 @@ class LeanBackend(Backend):
                 raise SpecdecError(f"the GGUF kernels cannot run here: {quant.unavailable_reason()}")
             self.gguf = gguf if isinstance(gguf, GGUFWeights) else GGUFWeights.read(Path(gguf))
             self.path = "lean+gguf-int8" if int8_activations else "lean+gguf"
+            # int8 activations on AVX-512 VNNI (AMX-INT8 for many rows): the blocks repacked once here
+            self._pack_int8 = int8_activations and quant.packed_int8()
+            if self._pack_int8:
+                self.path += "+amx" if quant.amx_int8() else "+vnni"
         self.params_on_blocks = self.params_total = 0
         linear = packed_linear if self.packed else torch.nn.functional.linear
         with torch.no_grad():
@@ -132,7 +137,10 @@ class LeanBackend(Backend):
     def numeric_path(self, rows: int) -> str:
         if self.gguf is not None:
             share = self.params_on_blocks / self.params_total
-            activations = "int8" if self.path.endswith("int8") else "float32"
+            if self._pack_int8:
+                kernels = ("AVX-512 VNNI, AMX-INT8 past 24 rows" if quant.amx_int8() else "AVX-512 VNNI")
+                return f"GGUF blocks x int8 activations on quant.cpp ({kernels}; {share:.0%} of the weights)"
+            activations = "int8" if "int8" in self.path else "float32"
             return f"GGUF blocks x {activations} activations on quant.cpp ({share:.0%} of the weights)"
         if self.tiles:
             return "kernels.cpp (AMX tiles)"
@@ -179,7 +187,7 @@ class LeanBackend(Backend):
                                    f"{tuple(weight.shape)}: it is not the file this model was converted from")
             if chosen is not None:
                 self.params_on_blocks += weight.numel()
-                return chosen
+                return quant.pack_int8(chosen) if self._pack_int8 else chosen
         if self._pack_tiles is not None:
             return self._pack_tiles(weight)
         return pack(weight) if self.packed else weight.detach().contiguous()

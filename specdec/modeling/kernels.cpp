@@ -18,13 +18,13 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
+
+#include "amx.h"
 
 #define SPECDEC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
 
@@ -203,12 +203,6 @@ constexpr int64_t kTileK = 32;   // bf16 values of K per tile step
 constexpr int64_t kTileN = 32;   // output columns per unit of work (two 16-column tiles)
 constexpr int64_t kTileM = 32;   // rows per pass over a pair's weights (two 16-row tiles)
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // This thread's eight tiles as rows of 64 bytes: 16 rows, tiles 0-3 `first_rows` (a product of fewer
 // than 16 rows of x reads them in place).
 SPECDEC_AMX void configure_tiles(int first_rows = 16) {
@@ -221,18 +215,7 @@ SPECDEC_AMX void configure_tiles(int first_rows = 16) {
   _tile_loadconfig(&config);
 }
 
-bool amx_permitted() {
-  // The kernel hands out AMX state on request (Linux >= 5.16): ask once for the process.
-  static const bool ok = [] {
-    unsigned a, b, c, d;
-    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    const bool has = (d >> 22 & 1) && (d >> 24 & 1);  // AMX-BF16, AMX-TILE
-    if (!has) return false;
-    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
-  }();
-  return ok;
-}
+bool amx_permitted() { return amx_granted(false); }
 
 // w (N, K) bf16 -> (ceil(N/32), ceil(K/32) * 1024) bf16, zero-padded.
 at::Tensor pack_tiles(const at::Tensor& w) {

@@ -26,6 +26,8 @@
 // emits token for token at T = 0.
 //
 // AVX2 + FMA + F16C (Intel since Haswell, AMD since Excavator); supported() checks AVX2 and FMA at run time.
+// Where the CPU has AVX-512 VNNI (and AMX-INT8), int8 activations run on blocks repacked at load
+// (pack_int8, linear_packed: see the section below).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -35,12 +37,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <numeric>
 #include <type_traits>
 #include <vector>
 
 #define SPECDEC_AVX2 __attribute__((target("avx2,fma,f16c")))
 
+#include "amx.h"     // TileConfig, amx_granted
 #include "rowops.h"  // hsum, and the row-wise ops layer_step calls
 
 namespace {
@@ -460,9 +464,458 @@ void matmul(const float* x, const uint8_t* w, float* out, int64_t M, int64_t K, 
   }
 }
 
+// ---- int8 activations on AVX-512 VNNI and AMX-INT8, the blocks repacked once at load ----
+//
+// pack_int8 rewrites a matrix's blocks for the two instructions that multiply bytes: per 16 output rows
+// (a "block" here) and group of G weights sharing one map w = a q + b (G = 32, 16 for Q6_K, whose
+// scales cover 16), the codes as unsigned bytes in the VNNI order both take, t = (k / 4) 64 + n 4 +
+// k % 4 for column n and weight k of the group (G / 4 rows of 64 bytes: an AMX B tile, or G / 4 zmm
+// for vpdpbusd against one activation dword each), then the group's a (and b where it is not a
+// constant times a) for the 16 columns. The codes keep the file's bits: 4-bit codes as nibbles (byte j
+// holds bytes j and j + 8 G of the order), Q5_0's fifth bit and Q6_K's two high bits as bit planes
+// (bit t of plane p is bit 4 + p of byte t), Q8_0's bytes as they are, offset by 128 (q + 128, b =
+// -128 a). Scales stay float16 where the file has them (Q4_0, Q4_1, Q5_0, Q8_0), float32 where they
+// are products (Q4_K's d sc and dmin m, Q6_K's d sc, exact in float32). So the bytes read a weight are
+// the file's within 0-30 % (Q4_1 20 of 20 a group, Q4_K 24 of 18).
+//
+// The products: activations rounded to int8 per row and group (x ~ d q, as the AVX2 int8 path) and
+// each group's integer sum s_int = sum_k q_w q_x formed exactly, by vpdpbusd (few rows) or tdpbsud (AMX,
+// many rows), then acc = fma(float(s_int), a d, acc); acc = fma(b, d sum_k q_x, acc), group after group.
+// The integer sums are exact whichever instruction makes them and the float steps are one function
+// (accumulate_group), so a row's result does not depend on the path or the rows beside it.
+
+#define SPECDEC_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define SPECDEC_AMX_INT8 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")))
+
+#ifndef SPECDEC_PACKED_AHEAD
+#define SPECDEC_PACKED_AHEAD 4096  // bytes of a thread's stream prefetched ahead
+#endif
+
+constexpr int64_t PACKED_COLS = 16;  // output rows a block holds: one zmm of int32 sums, one AMX C tile row
+constexpr int64_t kPackedFlag = 256;  // kind | kPackedFlag: w is pack_int8's layout
+
+template <typename T>
+struct Aligned64 {  // 64-byte aligned vectors for the B tiles and scales amx_rows stores with aligned stores
+  using value_type = T;
+  Aligned64() = default;
+  template <typename U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  bool operator==(const Aligned64&) const { return true; }
+};
+using AlignedAllocator = Aligned64<uint8_t>;
+using AlignedFloats = Aligned64<float>;
+
+struct Format {
+  int64_t G;      // weights a group
+  bool bytes;     // codes stored as bytes (else nibbles)
+  int planes;     // bit planes above the nibbles
+  bool f32;       // scales as float32 (else float16)
+  bool has_b;     // b stored (else b = offset a)
+  float offset;
+};
+
+constexpr Format format_of(int64_t kind) {
+  return kind == Q4_0   ? Format{32, false, 0, false, false, -8.f}
+         : kind == Q4_1 ? Format{32, false, 0, false, true, 0.f}
+         : kind == Q5_0 ? Format{32, false, 1, false, false, -16.f}
+         : kind == Q8_0 ? Format{32, true, 0, false, false, -128.f}
+         : kind == Q4_K ? Format{32, false, 0, true, true, 0.f}
+                        : Format{16, false, 2, true, false, -32.f};  // Q6_K
+}
+
+constexpr int64_t code_bytes(const Format& f) { return f.bytes ? PACKED_COLS * f.G : PACKED_COLS * f.G / 2; }
+constexpr int64_t plane_bytes(const Format& f) { return PACKED_COLS * f.G / 8; }
+constexpr int64_t scale_bytes(const Format& f) { return PACKED_COLS * (f.f32 ? 4 : 2); }
+constexpr int64_t group_bytes(const Format& f) {
+  return code_bytes(f) + f.planes * plane_bytes(f) + scale_bytes(f) * (f.has_b ? 2 : 1);
+}
+
+void check_kind(int64_t kind) {
+  TORCH_CHECK(kind == Q4_0 || kind == Q4_1 || kind == Q5_0 || kind == Q8_0 || kind == Q4_K || kind == Q6_K,
+              "unsupported GGUF block type ", kind);
+}
+
+SPECDEC_AVX2 void store_scale(uint8_t* p, float v, bool f32) {
+  if (f32) {
+    std::memcpy(p, &v, 4);
+    return;
+  }
+  const uint16_t h = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
+  TORCH_CHECK(_cvtsh_ss(h) == v, "a float16 scale did not survive packing");
+  std::memcpy(p, &h, 2);
+}
+
+template <int64_t KIND>
+SPECDEC_AVX2 void pack_block(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t b, uint8_t* out) {
+  constexpr Format F = format_of(KIND);
+  constexpr int64_t halves = QK / F.G;  // groups a 32-weight decode holds
+  const int64_t groups = K / F.G;
+  std::vector<uint8_t> order(PACKED_COLS * F.G);
+  std::vector<float> a(PACKED_COLS), off(PACKED_COLS);
+  for (int64_t g32 = 0; g32 < K / QK; ++g32)
+    for (int64_t h = 0; h < halves; ++h) {
+      const int64_t g = g32 * halves + h;
+      for (int64_t n = 0; n < PACKED_COLS; ++n) {
+        const Group<KIND> c = codes<KIND>(w + (b * PACKED_COLS + n) * row_bytes, g32);
+        alignas(32) uint8_t q[32];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(q), c.q);
+        for (int64_t k = 0; k < F.G; ++k) {
+          uint8_t v = q[h * F.G + k];
+          if constexpr (KIND == Q8_0) v ^= 0x80;  // q + 128
+          order[(k / 4) * 64 + n * 4 + k % 4] = v;
+        }
+        a[n] = h ? c.a1 : c.a0, off[n] = KIND == Q8_0 ? -128.f * a[n] : h ? c.b1 : c.b0;  // Q8_0: the + 128
+        if (!F.has_b) TORCH_CHECK(off[n] == F.offset * a[n], "a block's offset is not ", F.offset, " times its scale");
+      }
+      uint8_t* p = out + g * group_bytes(F);
+      const int64_t n_order = PACKED_COLS * F.G;
+      if (F.bytes) {
+        std::memcpy(p, order.data(), n_order);
+      } else {
+        for (int64_t j = 0; j < n_order / 2; ++j)
+          p[j] = static_cast<uint8_t>((order[j] & 0x0F) | (order[j + n_order / 2] & 0x0F) << 4);
+        for (int pl = 0; pl < F.planes; ++pl) {
+          uint8_t* plane = p + code_bytes(F) + pl * plane_bytes(F);
+          for (int64_t t = 0; t < n_order; ++t)
+            if (order[t] >> (4 + pl) & 1) plane[t / 8] |= static_cast<uint8_t>(1u << (t % 8));
+        }
+      }
+      uint8_t* scales = p + code_bytes(F) + F.planes * plane_bytes(F);
+      const int64_t width = F.f32 ? 4 : 2;
+      for (int64_t n = 0; n < PACKED_COLS; ++n) {
+        store_scale(scales + n * width, a[n], F.f32);
+        if (F.has_b) store_scale(scales + scale_bytes(F) + n * width, off[n], F.f32);
+      }
+    }
+  (void)groups;
+}
+
+// A matrix's blocks (N, row bytes), N a multiple of 16 -> (N / 16, groups x group bytes) in the layout above.
+torch::Tensor pack_int8(torch::Tensor w, int64_t kind, int64_t K) {
+  check_kind(kind);
+  TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w: (N, blocks bytes) uint8");
+  TORCH_CHECK(K % block_weights(kind) == 0 && w.size(1) == K / block_weights(kind) * block_bytes(kind),
+              "w's rows do not hold ", K, " weights of this block type");
+  TORCH_CHECK(w.size(0) % PACKED_COLS == 0, "pack_int8 takes a multiple of 16 output rows, not ", w.size(0));
+  const Format f = format_of(kind);
+  const int64_t blocks = w.size(0) / PACKED_COLS, row_bytes = w.size(1);
+  torch::Tensor out = torch::zeros({blocks, K / f.G * group_bytes(f)}, w.options());
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  uint8_t* op = out.data_ptr<uint8_t>();
+  const int64_t stride = out.size(1);
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) switch (kind) {
+        case Q4_0: pack_block<Q4_0>(wp, row_bytes, K, b, op + b * stride); break;
+        case Q4_1: pack_block<Q4_1>(wp, row_bytes, K, b, op + b * stride); break;
+        case Q5_0: pack_block<Q5_0>(wp, row_bytes, K, b, op + b * stride); break;
+        case Q8_0: pack_block<Q8_0>(wp, row_bytes, K, b, op + b * stride); break;
+        case Q4_K: pack_block<Q4_K>(wp, row_bytes, K, b, op + b * stride); break;
+        case Q6_K: pack_block<Q6_K>(wp, row_bytes, K, b, op + b * stride); break;
+      }
+  });
+  return out;
+}
+
+// Activations rounded to int8 per row and group of G (x ~ d q, the AVX2 int8 path's rounding), with s = d
+// sum q, laid out by 16 rows: group g of rows 16 i .. 16 i + 15 is one AMX A tile, q[(i groups + g) 16 G ..]
+// (16 rows of G bytes), and their d and s sit side by side; rows past M are zero.
+struct PackedActs {
+  int64_t M, K, G, groups;
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  int64_t at(int64_t m, int64_t g) const { return ((m / 16) * groups + g) * 16 + m % 16; }  // d, s; q at G times
+};
+
+SPECDEC_VNNI PackedActs quantize_acts(const float* x, int64_t M, int64_t K, int64_t G) {
+  const int64_t groups = K / G, Mp = (M + 15) / 16 * 16;
+  PackedActs out{M, K, G, groups, std::vector<int8_t>(Mp * K, 0), std::vector<float>(Mp * groups, 0.f),
+                 std::vector<float>(Mp * groups, 0.f)};
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* v = x + m * K + g * G;
+      __m512 part[2];
+      __m512 amax = _mm512_setzero_ps();
+      for (int64_t i = 0; i < G / 16; ++i) {
+        part[i] = _mm512_loadu_ps(v + 16 * i);
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(part[i]));
+      }
+      const float largest = _mm512_reduce_max_ps(amax);
+      const __m512 inverse = _mm512_set1_ps(largest > 0.f ? 127.f / largest : 0.f);
+      const int64_t at = out.at(m, g);
+      int total = 0;
+      for (int64_t i = 0; i < G / 16; ++i) {  // round to nearest even; |x / d| <= 127 (+ rounding)
+        const __m512i codes = _mm512_min_epi32(_mm512_set1_epi32(127), _mm512_max_epi32(_mm512_set1_epi32(-127),
+                                               _mm512_cvtps_epi32(_mm512_mul_ps(part[i], inverse))));
+        total += _mm512_reduce_add_epi32(codes);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q.data() + at * G + 16 * i), _mm512_cvtepi32_epi8(codes));
+      }
+      out.d[at] = largest / 127.f;
+      out.s[at] = out.d[at] * static_cast<float>(total);
+    }
+  return out;
+}
+
+// A group's codes in VNNI order (G / 4 zmm) and its a and b for the block's 16 columns.
+template <int64_t KIND>
+SPECDEC_VNNI inline void unpack_group(const uint8_t* p, __m512i t[], __m512& a, __m512& b) {
+  constexpr Format F = format_of(KIND);
+  constexpr int64_t n = F.G / 4;
+  if constexpr (F.bytes) {
+    for (int64_t i = 0; i < n; ++i) t[i] = _mm512_loadu_si512(p + 64 * i);
+  } else {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int64_t i = 0; i < n / 2; ++i) {
+      const __m512i v = _mm512_loadu_si512(p + 64 * i);
+      t[i] = _mm512_and_si512(v, low);
+      t[i + n / 2] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    for (int pl = 0; pl < F.planes; ++pl) {
+      const uint8_t* plane = p + code_bytes(F) + pl * plane_bytes(F);
+      const __m512i bit = _mm512_set1_epi8(static_cast<char>(16 << pl));
+      for (int64_t i = 0; i < n; ++i) {
+        uint64_t mask;
+        std::memcpy(&mask, plane + 8 * i, 8);
+        t[i] = _mm512_mask_add_epi8(t[i], static_cast<__mmask64>(mask), t[i], bit);
+      }
+    }
+  }
+  const uint8_t* scales = p + code_bytes(F) + F.planes * plane_bytes(F);
+  if constexpr (F.f32) {
+    a = _mm512_loadu_ps(scales);
+    b = F.has_b ? _mm512_loadu_ps(scales + scale_bytes(F)) : _mm512_mul_ps(a, _mm512_set1_ps(F.offset));
+  } else {
+    a = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
+    b = F.has_b ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + scale_bytes(F))))
+                : _mm512_mul_ps(a, _mm512_set1_ps(F.offset));
+  }
+}
+
+// The float steps after a group's integer sums, the one place they happen on either path.
+__attribute__((always_inline)) SPECDEC_VNNI inline __m512 accumulate_group(__m512i sums, __m512 a, __m512 b, float d, float s, __m512 acc) {
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_mul_ps(a, _mm512_set1_ps(d)), acc);
+  return _mm512_fmadd_ps(b, _mm512_set1_ps(s), acc);
+}
+
+SPECDEC_VNNI inline void prefetch_group(const uint8_t* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + SPECDEC_PACKED_AHEAD + o), _MM_HINT_T0);
+}
+
+// Rows r0 .. r0 + R - 1 of x times blocks [b0, b1) on vpdpbusd: each group unpacked once for the R rows,
+// each row's sums in one zmm (G / 4 instructions against its broadcast dwords).
+template <int64_t KIND, int64_t R>
+SPECDEC_VNNI void vnni_rows(const PackedActs& x, const uint8_t* w, int64_t stride, float* out, int64_t N, int64_t r0,
+                            int64_t b0, int64_t b1) {
+  constexpr Format F = format_of(KIND);
+  constexpr int64_t GB = group_bytes(F);
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const uint8_t* p = w + blk * stride;
+    __m512 acc[R];
+    for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < x.groups; ++g, p += GB) {
+      prefetch_group(p, GB);
+      __m512i t[F.G / 4];
+      __m512 a, b;
+      unpack_group<KIND>(p, t, a, b);
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t at = x.at(r0 + r, g);
+        const int8_t* q = x.q.data() + at * F.G;
+        __m512i sums = _mm512_setzero_si512();
+        for (int64_t i = 0; i < F.G / 4; ++i) {
+          int32_t dword;
+          std::memcpy(&dword, q + 4 * i, 4);
+          sums = _mm512_dpbusd_epi32(sums, t[i], _mm512_set1_epi32(dword));
+        }
+        acc[r] = accumulate_group(sums, a, b, x.d[at], x.s[at], acc[r]);
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) _mm512_storeu_ps(out + (r0 + r) * N + blk * PACKED_COLS, acc[r]);
+  }
+}
+
+// A C tile of a group's sums for 16 rows into their accumulators: ab the group's a, then b; d and s the
+// rows' (PackedActs.d and .s of the tile).
+__attribute__((always_inline)) SPECDEC_VNNI inline void accumulate_tile(const int32_t* sums, const float* ab,
+                                                                        const float* d, const float* s, __m512 acc[16]) {
+  const __m512 a = _mm512_load_ps(ab), b = _mm512_load_ps(ab + PACKED_COLS);
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) acc[r] = accumulate_group(_mm512_load_si512(sums + 16 * r), a, b, d[r], s[r], acc[r]);
+}
+
+// Up to four groups' products for one 16-row tile of x (tile: its first group's A tile), through C tiles
+// 0-3, accumulated in group order into acc. A in tiles 4-5 and B in 6-7, alternating.
+template <int64_t KIND>
+__attribute__((always_inline)) SPECDEC_AMX_INT8 inline void amx_groups(int n, const uint8_t* btiles, const float* scales,
+                                                                       const int8_t* tile, const float* d, const float* s,
+                                                                       int32_t (*c)[256], __m512 acc[16]) {
+  constexpr Format F = format_of(KIND);
+  constexpr int64_t TILE = F.G / 4 * 64, A = 16 * F.G;
+  _tile_zero(0);
+  _tile_loadd(6, btiles, 64);
+  _tile_loadd(4, tile, F.G);
+  _tile_dpbsud(0, 4, 6);
+  if (n > 1) {
+    _tile_zero(1);
+    _tile_loadd(7, btiles + TILE, 64);
+    _tile_loadd(5, tile + A, F.G);
+    _tile_dpbsud(1, 5, 7);
+  }
+  if (n > 2) {
+    _tile_zero(2);
+    _tile_loadd(6, btiles + 2 * TILE, 64);
+    _tile_loadd(4, tile + 2 * A, F.G);
+    _tile_dpbsud(2, 4, 6);
+  }
+  if (n > 3) {
+    _tile_zero(3);
+    _tile_loadd(7, btiles + 3 * TILE, 64);
+    _tile_loadd(5, tile + 3 * A, F.G);
+    _tile_dpbsud(3, 5, 7);
+  }
+  _tile_stored(0, c[0], 64);
+  if (n > 1) _tile_stored(1, c[1], 64);
+  if (n > 2) _tile_stored(2, c[2], 64);
+  if (n > 3) _tile_stored(3, c[3], 64);
+  for (int j = 0; j < n; ++j) accumulate_tile(c[j], scales + j * 2 * PACKED_COLS, d + j * 16, s + j * 16, acc);
+}
+
+// Up to four of a block's groups (from p) unpacked into B tiles in memory (G / 4 rows of 64 bytes each),
+// with their a and b side by side.
+template <int64_t KIND>
+__attribute__((always_inline)) SPECDEC_AMX_INT8 inline void unpack_groups(int n, const uint8_t* p, uint8_t* btiles,
+                                                                          float* scales) {
+  constexpr Format F = format_of(KIND);
+  constexpr int64_t GB = group_bytes(F), TILE = F.G / 4 * 64;
+  for (int j = 0; j < n; ++j, p += GB) {
+    prefetch_group(p, GB);
+    __m512i t[F.G / 4];
+    __m512 a, b;
+    unpack_group<KIND>(p, t, a, b);
+    for (int64_t i = 0; i < F.G / 4; ++i) _mm512_store_si512(btiles + j * TILE + 64 * i, t[i]);
+    _mm512_store_ps(scales + j * 2 * PACKED_COLS, a);
+    _mm512_store_ps(scales + j * 2 * PACKED_COLS + PACKED_COLS, b);
+  }
+}
+
+// All M rows of x times blocks [b0, b1) on AMX. A block's groups, four at a time, are unpacked into B
+// tiles (unpack_groups: the next four while the tiles take the last, so no tile load waits on the stores
+// that wrote it), then multiplied with every 16 rows of x (an A tile a group: PackedActs' layout) by
+// tdpbsud into zeroed C tiles, stored, and accumulated group after group by accumulate_group: in 16 zmm,
+// one a row, when x has at most 16 rows, else through acc_rows.
+template <int64_t KIND>
+SPECDEC_AMX_INT8 void amx_rows(const PackedActs& x, const uint8_t* w, int64_t stride, float* out, int64_t N,
+                               int64_t b0, int64_t b1) {
+  constexpr Format F = format_of(KIND);
+  constexpr int64_t GB = group_bytes(F), TILE = F.G / 4 * 64;
+  TileConfig config;
+  for (int t = 0; t < 4; ++t) config.rows[t] = 16, config.colsb[t] = 64;  // C: 16 rows x 16 int32
+  for (int t = 4; t < 6; ++t) config.rows[t] = 16, config.colsb[t] = static_cast<uint16_t>(F.G);  // A: 16 x G int8
+  for (int t = 6; t < 8; ++t) config.rows[t] = static_cast<uint8_t>(F.G / 4), config.colsb[t] = 64;  // B
+  asm volatile("" : : "r"(&config) : "memory");  // GCC would drop the stores ldtilecfg reads
+  _tile_loadconfig(&config);
+  const int64_t groups = x.groups, Mp = static_cast<int64_t>(x.q.size()) / x.K;  // rows rounded up to 16
+  alignas(64) uint8_t btiles[2][4 * TILE];
+  alignas(64) float scales[2][4 * 2 * PACKED_COLS];
+  alignas(64) int32_t c[4][256];
+  std::vector<float, AlignedFloats> acc_rows(Mp > 16 ? Mp * PACKED_COLS : 0);
+  const int64_t chunks = (groups + 3) / 4;
+  auto size = [&](int64_t k) { return static_cast<int>(std::min<int64_t>(4, groups - 4 * k)); };
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const uint8_t* p = w + blk * stride;
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+    std::fill(acc_rows.begin(), acc_rows.end(), 0.f);
+    unpack_groups<KIND>(size(0), p, btiles[0], scales[0]);
+    for (int64_t k = 0; k < chunks; ++k) {
+      if (k + 1 < chunks) unpack_groups<KIND>(size(k + 1), p + 4 * (k + 1) * GB, btiles[(k + 1) % 2], scales[(k + 1) % 2]);
+      const uint8_t* bt = btiles[k % 2];
+      const float* sc = scales[k % 2];
+      for (int64_t r0 = 0; r0 < Mp; r0 += 16) {
+        const int64_t first = x.at(r0, 4 * k);
+        if (Mp == 16) {
+          amx_groups<KIND>(size(k), bt, sc, x.q.data() + first * F.G, x.d.data() + first, x.s.data() + first, c, acc);
+          continue;
+        }
+        float* rows = acc_rows.data() + r0 * PACKED_COLS;
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; ++r) acc[r] = _mm512_load_ps(rows + r * PACKED_COLS);
+        amx_groups<KIND>(size(k), bt, sc, x.q.data() + first * F.G, x.d.data() + first, x.s.data() + first, c, acc);
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; ++r) _mm512_store_ps(rows + r * PACKED_COLS, acc[r]);
+      }
+    }
+    for (int64_t r = 0; r < x.M; ++r)
+      _mm512_storeu_ps(out + r * N + blk * PACKED_COLS, Mp == 16 ? acc[r] : _mm512_load_ps(acc_rows.data() + r * PACKED_COLS));
+  }
+}
+
+int64_t vnni_max_rows = 24;  // more rows go to AMX where it runs: even at 32 rows, 10-15 % faster at 64 (SmolLM2, Xeon);
+                              // set_packed_rows changes it (tests, benchmarks)
+
+bool amx_int8() { return amx_granted(true); }
+
+template <int64_t KIND>
+void packed_matmul(const float* xp, const uint8_t* w, float* out, int64_t M, int64_t K, int64_t N) {
+  constexpr Format F = format_of(KIND);
+  const bool amx = M > vnni_max_rows && amx_int8();
+  const PackedActs x = quantize_acts(xp, M, K, F.G);
+  const int64_t blocks = N / PACKED_COLS, stride = K / F.G * group_bytes(F);
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    if (amx) {
+      amx_rows<KIND>(x, w, stride, out, N, b0, b1);
+      return;
+    }
+    int64_t r = 0;
+    for (; r + 16 <= M; r += 16) vnni_rows<KIND, 16>(x, w, stride, out, N, r, b0, b1);
+    for (; r + 8 <= M; r += 8) vnni_rows<KIND, 8>(x, w, stride, out, N, r, b0, b1);
+    for (; r + 4 <= M; r += 4) vnni_rows<KIND, 4>(x, w, stride, out, N, r, b0, b1);
+    switch (M - r) {
+      case 3: vnni_rows<KIND, 3>(x, w, stride, out, N, r, b0, b1); break;
+      case 2: vnni_rows<KIND, 2>(x, w, stride, out, N, r, b0, b1); break;
+      case 1: vnni_rows<KIND, 1>(x, w, stride, out, N, r, b0, b1); break;
+    }
+  });
+}
+
+bool packed_supported() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+}
+
+// x @ w.T with w in pack_int8's layout (N = 16 w.size(0)).
+torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& w, int64_t kind, int64_t K) {
+  TORCH_CHECK(packed_supported(), "the packed int8 kernels need AVX-512 (F, BW) with VNNI");
+  check_kind(kind);
+  const Format f = format_of(kind);
+  TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w: packed uint8 blocks");
+  TORCH_CHECK(K % f.G == 0 && w.size(1) == K / f.G * group_bytes(f), "w is not pack_int8's layout for ", K, " inputs");
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.size(-1) == K, "x: float32 with ", K, " features");
+  auto shape = x.sizes().vec();
+  torch::Tensor x2 = x.reshape({-1, K}).contiguous();
+  const int64_t M = x2.size(0), N = w.size(0) * PACKED_COLS;
+  torch::Tensor out = torch::empty({M, N}, x.options());
+  const float* xp = x2.data_ptr<float>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  if (M > 0) switch (kind) {
+      case Q4_0: packed_matmul<Q4_0>(xp, wp, op, M, K, N); break;
+      case Q4_1: packed_matmul<Q4_1>(xp, wp, op, M, K, N); break;
+      case Q5_0: packed_matmul<Q5_0>(xp, wp, op, M, K, N); break;
+      case Q8_0: packed_matmul<Q8_0>(xp, wp, op, M, K, N); break;
+      case Q4_K: packed_matmul<Q4_K>(xp, wp, op, M, K, N); break;
+      case Q6_K: packed_matmul<Q6_K>(xp, wp, op, M, K, N); break;
+    }
+  shape.back() = N;
+  return out.view(shape);
+}
+
 bool supported() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t in_features, bool int8) {
+  if (kind & kPackedFlag) return linear_packed(x, w, kind & ~kPackedFlag, in_features);
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "quant.linear takes float32 activations");
   TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w: (N, blocks bytes) uint8");
   const int64_t K = in_features, per_block = block_weights(kind);
@@ -555,5 +1008,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "whether this CPU has AVX2 and FMA");
   m.def("linear", &linear, "x @ w.T on GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks; float32 activations, or int8",
         py::arg("x"), py::arg("w"), py::arg("kind"), py::arg("in_features"), py::arg("int8") = false);
+  m.def("pack_int8", &pack_int8, "a matrix's blocks (N a multiple of 16) in the layout of the packed int8 kernels",
+        py::arg("w"), py::arg("kind"), py::arg("in_features"));
+  m.def("packed_supported", &packed_supported, "whether this CPU runs the packed int8 kernels (AVX-512 VNNI)");
+  m.def("amx_int8", &amx_int8, "whether the packed int8 kernels take many rows on AMX-INT8 tiles here");
+  m.def("set_packed_rows", [](int64_t rows) { vnni_max_rows = rows; },
+        "the most rows the packed kernels multiply on vpdpbusd before AMX takes them (default 24)");
+  m.def("packed_flag", [] { return kPackedFlag; }, "kind | packed_flag() names a packed matrix to linear and layer_steps");
   m.def("layer_steps", &layer_steps, "one decoder layer of one or more sequences on GGUF blocks (layer_aten's arithmetic)");
 }

@@ -8,12 +8,18 @@ A fused projection whose parts have different block types (Gemma's Q5_0 q/k besi
 
 The kernels need AVX2, FMA and F16C (quant.cpp); `load()` returns None elsewhere and `unavailable_reason()`
 says why. SPECDEC_QUANT=0 turns them off.
+
+With int8 activations on a CPU with AVX-512 VNNI, `pack_int8` rewrites each matrix once at load into the
+layout of quant.cpp's packed kernels (codes in VNNI order per 16 output rows and group; vpdpbusd for up
+to 24 rows, AMX-INT8 tiles for more where the CPU has them, the same numbers either way); `packed_int8()`
+says whether they run here, SPECDEC_QUANT_PACKED=0 keeps the AVX2 int8 kernels.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
@@ -37,21 +43,41 @@ def unavailable_reason() -> str | None:
     return _extension.reason
 
 
+def packed_int8() -> bool:
+    """Whether int8 activations run on the packed kernels here (AVX-512 VNNI; AMX-INT8 for many rows)."""
+    module = load()
+    return module is not None and module.packed_supported() and os.environ.get("SPECDEC_QUANT_PACKED", "1") != "0"
+
+
+def amx_int8() -> bool:
+    """Whether the packed kernels take many rows on AMX-INT8 tiles here."""
+    return packed_int8() and load().amx_int8()
+
+
 @dataclass(frozen=True)
 class QuantWeight:
     """An (out_features, in_features) weight as GGUF blocks: uint8 (out_features, bytes of a row's
-    blocks), `kind` the ggml type id (KINDS)."""
+    blocks), `kind` the ggml type id (KINDS); packed: the blocks in pack_int8's layout instead,
+    (out_features / 16, bytes of 16 rows)."""
 
     blocks: torch.Tensor
     kind: int
     in_features: int
+    packed: bool = False
 
     @property
     def out_features(self) -> int:
-        return self.blocks.shape[0]
+        return self.blocks.shape[0] * (16 if self.packed else 1)
+
+    @property
+    def code(self) -> int:
+        """The kind as quant.cpp's linear and layer_steps take it (the packed flag set for packed blocks)."""
+        return self.kind | load().packed_flag() if self.packed else self.kind
 
     def rows(self, index: torch.Tensor) -> QuantWeight:
         """The weight with its output rows taken in `index`'s order (whole rows of blocks)."""
+        if self.packed:
+            raise ValueError("packed blocks keep their row order: take rows before pack_int8")
         return QuantWeight(self.blocks[index].contiguous(), self.kind, self.in_features)
 
 
@@ -69,6 +95,16 @@ def fuse(weights: list[QuantWeight]) -> QuantWeight | QuantParts:
     return QuantParts(tuple(weights))
 
 
+def pack_int8(w: QuantWeight | QuantParts) -> QuantWeight | QuantParts:
+    """The weight in the packed kernels' layout (each part of a QuantParts), where its output rows are
+    a multiple of 16; else as it is (the AVX2 int8 kernels take it)."""
+    if isinstance(w, QuantParts):
+        return QuantParts(tuple(pack_int8(part) for part in w.parts))
+    if w.packed or w.out_features % 16:
+        return w
+    return replace(w, blocks=load().pack_int8(w.blocks, w.kind, w.in_features), packed=True)
+
+
 def shape(w: QuantWeight | QuantParts) -> tuple[int, int]:
     """(out_features, in_features) of the matrix the blocks stand for."""
     parts = w.parts if isinstance(w, QuantParts) else (w,)
@@ -83,9 +119,9 @@ def quant_linear(fallback: Callable, int8: bool = False) -> Callable:
 
     def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
         if isinstance(w, QuantWeight):
-            out = module.linear(x, w.blocks, w.kind, w.in_features, int8)
+            out = module.linear(x, w.blocks, w.code, w.in_features, int8)
         elif isinstance(w, QuantParts):
-            out = torch.cat([module.linear(x, part.blocks, part.kind, part.in_features, int8) for part in w.parts],
+            out = torch.cat([module.linear(x, part.blocks, part.code, part.in_features, int8) for part in w.parts],
                             dim=-1)
         else:
             return fallback(x, w, bias)
@@ -114,7 +150,7 @@ def layer_step(arch, layers: list, int8: bool = False) -> Callable | None:
             return None
         names = ("attn_in", "mlp_in") + (("q", "k", "attn_out", "mlp_out") if arch.gemma else ())
         norms = [layer.norms[name].float().contiguous() for name in names]
-        held.append(([[p.blocks for p in ps] for ps in parts], [[p.kind for p in ps] for ps in parts],
+        held.append(([[p.blocks for p in ps] for ps in parts], [[p.code for p in ps] for ps in parts],
                      norms + [_EMPTY] * (6 - len(norms))))
 
     def step(index: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sequences: list[tuple]) -> torch.Tensor:
@@ -132,5 +168,7 @@ def dequantize(w: QuantWeight) -> torch.Tensor:
     """The float32 weight the blocks stand for (gguf-py's reference dequantisation)."""
     from gguf.quants import dequantize as reference
 
+    if w.packed:
+        raise ValueError("dequantize takes the file's blocks, not packed ones")
     values = reference(w.blocks.numpy(), w.kind)
     return torch.from_numpy(values.reshape(w.out_features, w.in_features).copy())

@@ -1,0 +1,35 @@
+// What kernels.cpp (AMX-BF16) and quant.cpp (AMX-INT8) share about AMX tiles: the tile configuration's
+// layout and the one-time request for the tile state.
+
+#pragma once
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+namespace {
+
+// ldtilecfg's 64-byte operand (palette 1): each tile's rows and bytes a row.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Whether cpuid shows AMX tiles with bf16 (int8 = false) or int8 products, and the kernel grants the
+// tile state: Linux (>= 5.16) hands it out on request, asked once for the process.
+inline bool amx_granted(bool int8) {
+  static const bool permitted = [] {
+    unsigned a, b, c, d;
+    __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    if (!(d >> 24 & 1)) return false;  // AMX-TILE
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  unsigned a, b, c, d;
+  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+  return permitted && (d >> (int8 ? 25 : 22) & 1);  // AMX-INT8, AMX-BF16
+}
+
+}  // namespace
