@@ -50,7 +50,7 @@ def main() -> None:
                         continue
                     flag = module.packed_flag() if mode == "packed" else 0
 
-                    def blocks(w):
+                    def blocks(w, name=name, mode=mode):
                         return packed[name][id(w)] if mode == "packed" else w.blocks
 
                     start = time.perf_counter()

@@ -4,14 +4,17 @@ position against the memory bound, and prefill tokens/s on a long prompt; then p
 against transformers' generate().
 
     .venv/bin/python scripts/bench_step.py [--target smollm2-135m] [--repeats 15] [--prefill 300,1500]
-        [--rows 1,2,4,8,16,32,64] [--no-plain]
+        [--rows 1,2,4,8,16,32,64] [--no-plain] [--gguf]
 
 Paths: "lean+tiles" (kernels.cpp on AMX tiles, where the CPU has them), "lean+kernels" (kernels.cpp's
 AVX-512 BF16 dot products, passes of up to 16 rows; longer ones fall to oneDNN), "lean" (oneDNN's
-pre-packed products, the path without kernels.cpp).
+pre-packed products, the path without kernels.cpp). With --gguf also the target's own GGUF blocks with
+int8 activations (a float32 copy of the model): "gguf-int8 packed" (quant.cpp's AVX-512 VNNI / AMX-INT8
+kernels, where the CPU has them) and "gguf-int8 avx2" (its AVX2 kernels).
 """
 
 import argparse
+import os
 import statistics
 import time
 
@@ -21,7 +24,7 @@ from specdec.backends import LeanBackend
 from specdec.bench.peers import hf_generate
 from specdec.config import SamplingParams, SpecConfig
 from specdec.engine import SpeculativeEngine
-from specdec.modeling import kernels
+from specdec.modeling import kernels, quant
 from specdec.models import load_model
 from specdec.prompts import task_prompts
 
@@ -69,6 +72,7 @@ def main() -> None:
     parser.add_argument("--rows", default="1,2,4,8,16,32,64")
     parser.add_argument("--prefill", default="1500", help="prompt lengths for the prefill rate, comma-separated (0: skip)")
     parser.add_argument("--no-plain", action="store_true", help="skip plain decoding against generate()")
+    parser.add_argument("--gguf", action="store_true", help="also the GGUF blocks with int8 activations (packed, AVX2)")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     loaded = load_model(args.target, "bfloat16")
@@ -88,6 +92,13 @@ def main() -> None:
     if kern is not None:
         backends["lean+kernels"] = LeanBackend(loaded.model, use_tiles=False)
     backends["lean (oneDNN)"] = LeanBackend(loaded.model, use_kernels=False)
+    if args.gguf:
+        loaded32 = load_model(args.target, "float32")
+        if quant.packed_int8():
+            backends["gguf-int8 packed"] = LeanBackend(loaded32.model, gguf=loaded32.gguf, int8_activations=True)
+        os.environ["SPECDEC_QUANT_PACKED"] = "0"
+        backends["gguf-int8 avx2"] = LeanBackend(loaded32.model, gguf=loaded32.gguf, int8_activations=True)
+        del os.environ["SPECDEC_QUANT_PACKED"]
     text = "The quick brown fox jumps over the lazy dog. " * 200
     all_ids = torch.tensor(loaded.tokenizer(text)["input_ids"])
     context = all_ids[:200]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .backends import target_backend
+from .backends.gguf import load_dtype
 from .config import WEIGHTS, SamplingParams, SpecConfig
 from .drafters import build_drafter, target_weights
 from .engine import Generation, SpeculativeEngine
@@ -60,8 +61,9 @@ class SpecDec:
                  backend: str = "auto", weights: str = "auto"):
         if weights not in WEIGHTS:
             raise SpecdecError(f"unknown weights {weights!r}: use {', '.join(WEIGHTS)}")
-        self.target = load_model(target, dtype, device)
-        target_pass = target_backend(self.target, backend, target_weights(weights, [drafter]), dtype)
+        weights = target_weights(weights, [drafter])
+        self.target = load_model(target, load_dtype(dtype, weights, target, backend, device), device)
+        target_pass = target_backend(self.target, backend, weights, dtype)
         self.drafter = build_drafter(drafter, self.target, dtype, device, backend,
                                      target_on_blocks=target_pass.gguf is not None)
         self.engine = SpeculativeEngine(target_pass, self.drafter, self.target.eos_token_ids)

@@ -135,14 +135,28 @@ class GGUFWeights:
         return self.tensors.get("token_embd.weight")
 
 
+def load_dtype(dtype: str, weights: str, target: str, backend: str = "auto", device: str = "cpu") -> str:
+    """The dtype to load `target` in: `dtype`, except that `--dtype auto --weights auto` loads a built-in
+    GGUF target in float32 for the lean backend where quant.cpp's packed int8 kernels run (AVX-512 VNNI):
+    its blocks with int8 activations then run plain decoding ~2x faster than bf16 on kernels.cpp, AMX
+    tiles included (docs/results.md), so `auto` takes them there as it does on AVX2-only CPUs."""
+    from ..models import BUILTIN_MODELS
+
+    if (dtype == "auto" and weights == "auto" and target in BUILTIN_MODELS and backend != "transformers"
+            and device == "cpu" and quant.packed_int8()):
+        return "float32"
+    return dtype
+
+
 def choose_weights(choice: str, gguf_path: Path | None, dtype: torch.dtype, dtype_choice: str, backend: str,
                    asked_by: str | None = None) -> Path | None:
     """The GGUF file the lean backend should read its weights from, or None for float weights.
 
     `auto` takes the blocks (with int8 activations: target_backend) only where they were measured
     faster than the float path: float32 activations chosen by --dtype auto (a CPU without AVX-512
-    BF16, where kernels.cpp cannot run), the lean backend, a built-in GGUF target and a CPU that runs
-    quant.cpp. `gguf` and `gguf-int8` insist, and say what stands in the way (naming `asked_by`, e.g. a
+    BF16, where kernels.cpp cannot run, or one with AVX-512 VNNI: load_dtype), the lean backend, a
+    built-in GGUF target and a CPU that runs quant.cpp. `gguf` and `gguf-int8` insist, and say what
+    stands in the way (naming `asked_by`, e.g. a
     drafter that needs the blocks)."""
     if choice not in WEIGHTS:
         raise SpecdecError(f"unknown --weights {choice!r}: use {', '.join(WEIGHTS)}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .. import theory
 from ..backends import target_backend
+from ..backends.gguf import load_dtype
 from ..config import SamplingParams, SpecConfig
 from ..drafters import build_drafter, parse_drafter, target_weights
 from ..engine import SpeculativeEngine
@@ -73,8 +74,9 @@ def collect_prompts(config: BenchConfig) -> list[Prompt]:
 
 def run_bench(config: BenchConfig, progress=None) -> list[dict]:
     """Run everything; returns rows (also the input of the table and plots)."""
-    target = load_model(config.target, config.dtype)
-    backend = target_backend(target, config.backend, target_weights(config.weights, config.drafters), config.dtype)
+    weights = target_weights(config.weights, config.drafters)
+    target = load_model(config.target, load_dtype(config.dtype, weights, config.target, config.backend))
+    backend = target_backend(target, config.backend, weights, config.dtype)
     on_blocks = backend.gguf is not None
     eos = target.eos_token_ids
     plain_engine = SpeculativeEngine(backend, None, eos)

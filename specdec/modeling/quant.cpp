@@ -552,7 +552,6 @@ template <int64_t KIND>
 SPECDEC_AVX2 void pack_block(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t b, uint8_t* out) {
   constexpr Format F = format_of(KIND);
   constexpr int64_t halves = QK / F.G;  // groups a 32-weight decode holds
-  const int64_t groups = K / F.G;
   std::vector<uint8_t> order(PACKED_COLS * F.G);
   std::vector<float> a(PACKED_COLS), off(PACKED_COLS);
   for (int64_t g32 = 0; g32 < K / QK; ++g32)
@@ -590,7 +589,6 @@ SPECDEC_AVX2 void pack_block(const uint8_t* w, int64_t row_bytes, int64_t K, int
         if (F.has_b) store_scale(scales + scale_bytes(F) + n * width, off[n], F.f32);
       }
     }
-  (void)groups;
 }
 
 // A matrix's blocks (N, row bytes), N a multiple of 16 -> (N / 16, groups x group bytes) in the layout above.
