@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import WEIGHTS
+from ..config import BUILTIN_TARGETS, WEIGHTS
 from ..errors import SpecdecError
 from ..modeling import quant
 
@@ -140,9 +140,7 @@ def load_dtype(dtype: str, weights: str, target: str, backend: str = "auto", dev
     GGUF target in float32 for the lean backend where quant.cpp's packed int8 kernels run (AVX-512 VNNI):
     its blocks with int8 activations then run plain decoding ~2x faster than bf16 on kernels.cpp, AMX
     tiles included (docs/results.md), so `auto` takes them there as it does on AVX2-only CPUs."""
-    from ..models import BUILTIN_MODELS
-
-    if (dtype == "auto" and weights == "auto" and target in BUILTIN_MODELS and backend != "transformers"
+    if (dtype == "auto" and weights == "auto" and target in BUILTIN_TARGETS and backend != "transformers"
             and device == "cpu" and quant.packed_int8()):
         return "float32"
     return dtype
