@@ -145,13 +145,13 @@ def test_packed_rows_are_the_same_on_vnni_and_amx(kernels):
         columns = 512 if kind in SUPER else 128
         w = quant.pack_int8(blocks_of(torch.randn(32, columns, generator=g), kind))
         x = torch.randn(20, columns, generator=g)
+        default = kernels.set_packed_rows(1000)
         try:
-            kernels.set_packed_rows(1000)
             on_vnni = kernels.linear(x, w.blocks, w.code, columns, True)
             kernels.set_packed_rows(0)
             on_amx = kernels.linear(x, w.blocks, w.code, columns, True)
         finally:
-            kernels.set_packed_rows(24)
+            kernels.set_packed_rows(default)
         assert torch.equal(on_vnni, on_amx), kind
 
 

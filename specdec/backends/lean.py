@@ -138,7 +138,7 @@ class LeanBackend(Backend):
         if self.gguf is not None:
             share = self.params_on_blocks / self.params_total
             if self._pack_int8:
-                kernels = ("AVX-512 VNNI, AMX-INT8 past 24 rows" if quant.amx_int8() else "AVX-512 VNNI")
+                kernels = "AVX-512 VNNI, AMX-INT8 for many rows" if quant.amx_int8() else "AVX-512 VNNI"
                 return f"GGUF blocks x int8 activations on quant.cpp ({kernels}; {share:.0%} of the weights)"
             activations = "int8" if "int8" in self.path else "float32"
             return f"GGUF blocks x {activations} activations on quant.cpp ({share:.0%} of the weights)"

@@ -18,18 +18,17 @@ struct alignas(64) TileConfig {
 };
 
 // Whether cpuid shows AMX tiles with bf16 (int8 = false) or int8 products, and the kernel grants the
-// tile state: Linux (>= 5.16) hands it out on request, asked once for the process.
+// tile state: Linux (>= 5.16) hands it out on request. Both are asked once for the process (callers
+// check on every product, and cpuid leaves a virtual machine).
 inline bool amx_granted(bool int8) {
-  static const bool permitted = [] {
+  static const unsigned features = [] {
     unsigned a, b, c, d;
     __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-    if (!(d >> 24 & 1)) return false;  // AMX-TILE
+    if (!(d >> 24 & 1)) return 0u;  // AMX-TILE
     constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0 ? d : 0u;
   }();
-  unsigned a, b, c, d;
-  __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
-  return permitted && (d >> (int8 ? 25 : 22) & 1);  // AMX-INT8, AMX-BF16
+  return features >> (int8 ? 25 : 22) & 1;  // AMX-INT8, AMX-BF16
 }
 
 }  // namespace

@@ -37,9 +37,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <new>
 #include <numeric>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #define SPECDEC_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -495,19 +495,6 @@ void matmul(const float* x, const uint8_t* w, float* out, int64_t M, int64_t K, 
 constexpr int64_t PACKED_COLS = 16;  // output rows a block holds: one zmm of int32 sums, one AMX C tile row
 constexpr int64_t kPackedFlag = 256;  // kind | kPackedFlag: w is pack_int8's layout
 
-template <typename T>
-struct Aligned64 {  // 64-byte aligned vectors for the B tiles and scales amx_rows stores with aligned stores
-  using value_type = T;
-  Aligned64() = default;
-  template <typename U>
-  Aligned64(const Aligned64<U>&) {}
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
-  bool operator==(const Aligned64&) const { return true; }
-};
-using AlignedAllocator = Aligned64<uint8_t>;
-using AlignedFloats = Aligned64<float>;
-
 struct Format {
   int64_t G;      // weights a group
   bool bytes;     // codes stored as bytes (else nibbles)
@@ -621,7 +608,7 @@ torch::Tensor pack_int8(torch::Tensor w, int64_t kind, int64_t K) {
 // sum q, laid out by 16 rows: group g of rows 16 i .. 16 i + 15 is one AMX A tile, q[(i groups + g) 16 G ..]
 // (16 rows of G bytes), and their d and s sit side by side; rows past M are zero.
 struct PackedActs {
-  int64_t M, K, G, groups;
+  int64_t M, K, groups;
   std::vector<int8_t> q;
   std::vector<float> d, s;
   int64_t at(int64_t m, int64_t g) const { return ((m / 16) * groups + g) * 16 + m % 16; }  // d, s; q at G times
@@ -629,7 +616,7 @@ struct PackedActs {
 
 SPECDEC_VNNI PackedActs quantize_acts(const float* x, int64_t M, int64_t K, int64_t G) {
   const int64_t groups = K / G, Mp = (M + 15) / 16 * 16;
-  PackedActs out{M, K, G, groups, std::vector<int8_t>(Mp * K, 0), std::vector<float>(Mp * groups, 0.f),
+  PackedActs out{M, K, groups, std::vector<int8_t>(Mp * K, 0), std::vector<float>(Mp * groups, 0.f),
                  std::vector<float>(Mp * groups, 0.f)};
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < groups; ++g) {
@@ -817,7 +804,7 @@ SPECDEC_AMX_INT8 void amx_rows(const PackedActs& x, const uint8_t* w, int64_t st
   alignas(64) uint8_t btiles[2][4 * TILE];
   alignas(64) float scales[2][4 * 2 * PACKED_COLS];
   alignas(64) int32_t c[4][256];
-  std::vector<float, AlignedFloats> acc_rows(Mp > 16 ? Mp * PACKED_COLS : 0);
+  std::vector<float> acc_rows(Mp > 16 ? Mp * PACKED_COLS : 0);
   const int64_t chunks = (groups + 3) / 4;
   auto size = [&](int64_t k) { return static_cast<int>(std::min<int64_t>(4, groups - 4 * k)); };
   for (int64_t blk = b0; blk < b1; ++blk) {
@@ -839,19 +826,19 @@ SPECDEC_AMX_INT8 void amx_rows(const PackedActs& x, const uint8_t* w, int64_t st
         }
         float* rows = acc_rows.data() + r0 * PACKED_COLS;
 #pragma GCC unroll 16
-        for (int r = 0; r < 16; ++r) acc[r] = _mm512_load_ps(rows + r * PACKED_COLS);
+        for (int r = 0; r < 16; ++r) acc[r] = _mm512_loadu_ps(rows + r * PACKED_COLS);
         amx_groups<KIND>(size(k), bt, sc, x.q.data() + first * F.G, x.d.data() + first, x.s.data() + first, c, acc);
 #pragma GCC unroll 16
-        for (int r = 0; r < 16; ++r) _mm512_store_ps(rows + r * PACKED_COLS, acc[r]);
+        for (int r = 0; r < 16; ++r) _mm512_storeu_ps(rows + r * PACKED_COLS, acc[r]);
       }
     }
     for (int64_t r = 0; r < x.M; ++r)
-      _mm512_storeu_ps(out + r * N + blk * PACKED_COLS, Mp == 16 ? acc[r] : _mm512_load_ps(acc_rows.data() + r * PACKED_COLS));
+      _mm512_storeu_ps(out + r * N + blk * PACKED_COLS, Mp == 16 ? acc[r] : _mm512_loadu_ps(acc_rows.data() + r * PACKED_COLS));
   }
 }
 
-int64_t vnni_max_rows = 24;  // more rows go to AMX where it runs: even at 32 rows, 10-15 % faster at 64 (SmolLM2, Xeon);
-                              // set_packed_rows changes it (tests, benchmarks)
+int64_t vnni_max_rows = 24;  // more rows go to AMX where it runs: even with vpdpbusd at 32 rows, 10-15 % faster
+                              // at 64 (SmolLM2, Xeon); set_packed_rows changes it (tests, benchmarks)
 
 bool amx_int8() { return amx_granted(true); }
 
@@ -1010,8 +997,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("w"), py::arg("kind"), py::arg("in_features"));
   m.def("packed_supported", &packed_supported, "whether this CPU runs the packed int8 kernels (AVX-512 VNNI)");
   m.def("amx_int8", &amx_int8, "whether the packed int8 kernels take many rows on AMX-INT8 tiles here");
-  m.def("set_packed_rows", [](int64_t rows) { vnni_max_rows = rows; },
-        "the most rows the packed kernels multiply on vpdpbusd before AMX takes them (default 24)");
+  m.def("set_packed_rows", [](int64_t rows) { return std::exchange(vnni_max_rows, rows); },
+        "the most rows the packed kernels multiply on vpdpbusd before AMX takes them (default 24); returns the "
+        "previous value");
   m.def("packed_flag", [] { return kPackedFlag; }, "kind | packed_flag() names a packed matrix to linear and layer_steps");
   m.def("layer_steps", &layer_steps, "one decoder layer of one or more sequences on GGUF blocks (layer_aten's arithmetic)");
 }

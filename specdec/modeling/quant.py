@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 
@@ -69,9 +70,10 @@ class QuantWeight:
     def out_features(self) -> int:
         return self.blocks.shape[0] * (16 if self.packed else 1)
 
-    @property
+    @cached_property
     def code(self) -> int:
-        """The kind as quant.cpp's linear and layer_steps take it (the packed flag set for packed blocks)."""
+        """The kind as quant.cpp's linear and layer_steps take it (the packed flag set for packed blocks);
+        asked once a weight, not on every product."""
         return self.kind | load().packed_flag() if self.packed else self.kind
 
     def rows(self, index: torch.Tensor) -> QuantWeight:
