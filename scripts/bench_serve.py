@@ -8,7 +8,8 @@
    abandoned by its client): lost, crossed and hung requests, and every answer compared with the
    same request run alone on an idle server.
 
-    .venv/bin/python scripts/bench_serve.py [--port 8766] [--max-batch 8] [--row-budget 16] [--out docs/results/serve-load.txt]
+    .venv/bin/python scripts/bench_serve.py [--port 8766] [--max-batch 8] [--row-budget 16] [--weights auto]
+        [--out docs/results/serve-load.txt]
 """
 
 import argparse
@@ -138,11 +139,13 @@ def main() -> None:
     parser.add_argument("--row-budget", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=4, help="prompts per task (code, summarise, translate, chat)")
     parser.add_argument("--mixed", type=int, default=200, help="requests in the mixed load (0: skip it)")
+    parser.add_argument("--weights", default="auto", help="the server's --weights (float: bf16 on the tiles with AMX)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     base = f"http://127.0.0.1:{args.port}"
     proc = subprocess.Popen([sys.executable, "-m", "specdec", "serve", "--port", str(args.port), "--max-queue", "64",
-                             "--max-batch", str(args.max_batch), "--row-budget", str(args.row_budget)])
+                             "--max-batch", str(args.max_batch), "--row-budget", str(args.row_budget),
+                             "--weights", args.weights])
     lines = []
 
     def say(line: str) -> None:
