@@ -81,3 +81,48 @@ def test_lean_with_rowops_gives_transformers_logits(rows, arch):
     for chunk in (ids[:10], ids[10:11], ids[11:16], ids[16:24]):
         a, b = lean.forward(chunk), hf.forward(chunk)
         assert (a - b).abs().max() <= 1e-4 * max(1.0, b.abs().max())
+
+
+def _reference_attention(q, keys, values, visible, scale):
+    """float64 softmax(q k^T scale) v over the visible keys: q (Hq, T, hd), keys (Hkv, n, hd)."""
+    groups = q.shape[0] // keys.shape[0]
+    k, v = keys.double().repeat_interleave(groups, 0), values.double().repeat_interleave(groups, 0)
+    scores = (q.double() @ k.transpose(1, 2)) * scale
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return (scores.softmax(-1) @ v).transpose(0, 1).float()  # (T, Hq, hd)
+
+
+@pytest.mark.parametrize("head_dim,n_heads,n_kv", [(64, 6, 2), (256, 4, 1), (96, 2, 2)])
+@pytest.mark.parametrize("layout", ["causal", "window", "tree"])
+def test_attend_is_softmax_attention_and_a_query_alone_scores_the_same(rows, head_dim, n_heads, n_kv, layout):
+    """attend writes the new keys and values into the cache and attends causally (or as a mask says)
+    over it; a query's output is the same to the bit alone as in a block of 37 (blocks of 16 queries,
+    chunks of keys), and on AVX-512 lanes as on AVX2 ones."""
+    g = torch.Generator().manual_seed(head_dim + len(layout))
+    start, t, capacity = 150, 37, 256
+    q = torch.randn(1, n_heads, t, head_dim, generator=g)
+    k, v = torch.randn(1, n_kv, t, head_dim, generator=g), torch.randn(1, n_kv, t, head_dim, generator=g)
+    k_cache, v_cache = torch.randn(n_kv, capacity, head_dim, generator=g), torch.randn(n_kv, capacity, head_dim, generator=g)
+    lo = 20 if layout == "window" else 0
+    q_pos, k_pos = torch.arange(start, start + t)[:, None], torch.arange(lo, start + t)[None]
+    visible = k_pos <= q_pos
+    if layout == "window":
+        visible &= k_pos > q_pos - 100
+    if layout == "tree":  # the context, then a random subset of the earlier new rows (a tree's ancestors)
+        visible[:, start - lo:] &= torch.rand(t, t, generator=g) < 0.5
+        visible[:, start - lo:] |= torch.eye(t, dtype=torch.bool)
+    scale = head_dim**-0.5
+    out = rows.attend(q, k, v, k_cache, v_cache, start, lo, visible, scale)
+    assert torch.equal(k_cache[:, start : start + t], k[0]) and torch.equal(v_cache[:, start : start + t], v[0])
+    want = _reference_attention(q[0], k_cache[:, lo : start + t], v_cache[:, lo : start + t], visible, scale)
+    torch.testing.assert_close(out[0], want, rtol=1e-5, atol=2e-6)
+    for i in (0, 15, 16, 36):  # a query alone (the cache already holds every new key)
+        end = start + i + 1
+        alone = rows.attend(q[:, :, i : i + 1], k[:, :, i : i + 1], v[:, :, i : i + 1], k_cache, v_cache, start + i, lo,
+                            visible[i : i + 1, : end - lo].contiguous(), scale)
+        assert torch.equal(alone[0, 0], out[0, i])
+    previous = rows.set_wide_lanes(False)  # AVX2 lanes (out had AVX-512's where the CPU has them)
+    try:
+        assert torch.equal(rows.attend(q, k, v, k_cache, v_cache, start, lo, visible, scale), out)
+    finally:
+        rows.set_wide_lanes(previous)

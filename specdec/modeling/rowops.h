@@ -95,40 +95,190 @@ SPECDEC_AVX2 inline float dot(const float* a, const float* b, int64_t n) {
   return hsum(s);
 }
 
-// One query against keys [lo, end) of one KV head: out = softmax(scale q.k_j over allowed j) . v.
-// The allowed keys are taken in order and numbered from 0 (slots: where each sits), and that number, not
-// the slot, decides which lane of the exponentials' sum a key joins: a query then gets the same numbers
-// whether its context sits in consecutive slots (one position, a chain) or has a tree's other branches
-// between (masked out), so a tree's accepted path scores what plain decoding scores, to the bit.
-SPECDEC_AVX2 void attend_one(const float* q, const float* keys, const float* values, const bool* allowed,
-                             int64_t count, int64_t hd, float scale, float* out, std::vector<float>& scores,
-                             std::vector<int64_t>& slots) {
-  scores.resize(count + 8);
-  if (allowed != nullptr) slots.resize(count);
-  float top = -INFINITY;
-  int64_t n = 0;
-  for (int64_t j = 0; j < count; ++j) {
-    if (allowed != nullptr && !allowed[j]) continue;
-    if (allowed != nullptr) slots[n] = j;
-    scores[n] = dot(q, keys + j * hd, hd) * scale;
-    top = std::max(top, scores[n++]);
-  }
-  for (int64_t j = n; j < n + 8; ++j) scores[j] = -INFINITY;  // padding for the last vector
-  const __m256 shift = _mm256_set1_ps(top);
-  __m256 total = _mm256_setzero_ps();
-  for (int64_t j = 0; j < n; j += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(scores.data() + j), shift));
-    _mm256_storeu_ps(scores.data() + j, e);
-    total = _mm256_add_ps(total, e);
-  }
-  const float norm = 1.f / hsum(total);
+// q . k for eight keys side by side: each key's sum is dot's (the same fmas in the same order, then
+// hsum), eight independent chains so the FMA units are not waiting on one accumulator.
+SPECDEC_AVX2 inline void dot8(const float* q, const float* const* k, int64_t hd, float scale, float* out) {
+  __m256 s[8];
+  for (int r = 0; r < 8; ++r) s[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < hd; i += 8) {
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) {
-      const int64_t slot = allowed != nullptr ? slots[j] : j;
-      acc = _mm256_fmadd_ps(_mm256_set1_ps(scores[j]), _mm256_loadu_ps(values + slot * hd + i), acc);
+    const __m256 qi = _mm256_loadu_ps(q + i);
+    for (int r = 0; r < 8; ++r) s[r] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[r] + i), s[r]);
+  }
+  for (int r = 0; r < 8; ++r) out[r] = hsum(s[r]) * scale;
+}
+
+// acc[0, 8 NV) += sum_j weights[j] values[slot j][0, 8 NV) for j in [j0, j1), each lane summed over j
+// in order (continuing the sums a previous call left in acc).
+template <int NV>
+SPECDEC_AVX2 inline void weigh_values(const float* weights, const float* values, const int64_t* slots, int64_t j0,
+                                      int64_t j1, int64_t hd, float* acc) {
+  __m256 a[NV];
+  for (int c = 0; c < NV; ++c) a[c] = _mm256_loadu_ps(acc + 8 * c);
+  for (int64_t j = j0; j < j1; ++j) {
+    const __m256 w = _mm256_set1_ps(weights[j]);
+    const float* row = values + (slots != nullptr ? slots[j] : j) * hd;
+    for (int c = 0; c < NV; ++c) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * c), a[c]);
+  }
+  for (int c = 0; c < NV; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
+}
+
+SPECDEC_AVX2 void weigh_lanes(const float* weights, const float* values, const int64_t* slots, int64_t j0, int64_t j1,
+                              int64_t hd, float* acc) {
+  for (int64_t i = 0; i < hd; i += 64) {  // 64 lanes (8 accumulators) at a time
+    switch (std::min<int64_t>(64, hd - i) / 8) {
+      case 8: weigh_values<8>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 7: weigh_values<7>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 6: weigh_values<6>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 5: weigh_values<5>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 4: weigh_values<4>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 3: weigh_values<3>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 2: weigh_values<2>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      default: weigh_values<1>(weights, values + i, slots, j0, j1, hd, acc + i); break;
     }
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(acc, _mm256_set1_ps(norm)));
+  }
+}
+
+#ifndef SPECDEC_AVX512F
+#define SPECDEC_AVX512F __attribute__((target("avx512f,avx2,fma")))
+#endif
+
+// weigh_values on 16-lane registers, where the CPU has AVX-512: each lane's fmas are the same, so the
+// sums are weigh_values' to the bit, in half the instructions.
+template <int NZ>
+SPECDEC_AVX512F inline void weigh_values16(const float* weights, const float* values, const int64_t* slots, int64_t j0,
+                                           int64_t j1, int64_t hd, float* acc) {
+  __m512 a[NZ];
+  for (int c = 0; c < NZ; ++c) a[c] = _mm512_loadu_ps(acc + 16 * c);
+  for (int64_t j = j0; j < j1; ++j) {
+    const __m512 w = _mm512_set1_ps(weights[j]);
+    const float* row = values + (slots != nullptr ? slots[j] : j) * hd;
+    for (int c = 0; c < NZ; ++c) a[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 16 * c), a[c]);
+  }
+  for (int c = 0; c < NZ; ++c) _mm512_storeu_ps(acc + 16 * c, a[c]);
+}
+
+// weigh_lanes for hd a multiple of 16, on AVX-512.
+SPECDEC_AVX512F void weigh_lanes16(const float* weights, const float* values, const int64_t* slots, int64_t j0,
+                                   int64_t j1, int64_t hd, float* acc) {
+  for (int64_t i = 0; i < hd; i += 128) {  // 128 lanes (8 accumulators) at a time
+    switch (std::min<int64_t>(128, hd - i) / 16) {
+      case 8: weigh_values16<8>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 7: weigh_values16<7>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 6: weigh_values16<6>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 5: weigh_values16<5>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 4: weigh_values16<4>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 3: weigh_values16<3>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 2: weigh_values16<2>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      default: weigh_values16<1>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+    }
+  }
+}
+
+// Whether attend_queries weighs the values on 16-lane registers: where the CPU has AVX-512, unless a test
+// turned it off (set_wide_lanes) to compare the two.
+inline bool& wide_lanes() {
+  static bool wide = __builtin_cpu_supports("avx512f");
+  return wide;
+}
+
+bool set_wide_lanes(bool wide) {
+  const bool previous = wide_lanes();
+  wide_lanes() = wide && __builtin_cpu_supports("avx512f");
+  return previous;
+}
+
+// One query's part of attend_queries: its allowed keys' slots, and its scores, then weights.
+struct QueryWork {
+  std::vector<float> scores;
+  std::vector<int64_t> slots;
+  std::vector<float> acc;
+  int64_t n = 0, done = 0;
+  const int64_t* slot = nullptr;
+  int64_t at(int64_t j) const { return slot != nullptr ? slot[j] : j; }
+  // The number of this query's keys in slots before c (those from `done` on are the next chunk's).
+  int64_t end_before(int64_t c) const {
+    return slot != nullptr ? std::lower_bound(slot + done, slot + n, c) - slot : std::min(n, c);
+  }
+};
+
+// Up to 16 queries of one KV head against its keys [lo, end): out_r = softmax(scale q_r.k_j over the
+// keys query r may see) . v. A query's allowed keys are taken in order and numbered from 0 (slots: where
+// each sits), and that number, not the slot, decides which lane of the exponentials' sum a key joins: a
+// query then gets the same numbers whether its context sits in consecutive slots (one position, a chain)
+// or has a tree's other branches between (masked out), so a tree's accepted path scores what plain
+// decoding scores, to the bit. Every number is a function of the query, its keys and its values alone
+// (eight keys' dot products at a time, each lane of the output summed over the keys in order), so a query
+// scores the same alone or in a block; the block only shares the keys and values: they are read in
+// chunks of ~32 KB that every query of the block uses while the chunk is in the core's first-level cache,
+// not streamed from further out once per query (a long prompt's queries are memory-bound otherwise).
+SPECDEC_AVX2 void attend_queries(const float* const* qs, const bool* const* allowed, float* const* outs, int nq,
+                                 const float* keys, const float* values, int64_t count, int64_t hd, float scale,
+                                 std::vector<QueryWork>& work) {
+  if (static_cast<int>(work.size()) < nq) work.resize(nq);
+  for (int r = 0; r < nq; ++r) {
+    QueryWork& w = work[r];
+    w.scores.resize(count + 8);
+    w.n = count, w.done = 0, w.slot = nullptr;
+    if (allowed[r] != nullptr) {
+      w.slots.resize(count);
+      w.n = 0;
+      for (int64_t j = 0; j < count; ++j) {  // without a branch: a causal mask's rows are long runs
+        w.slots[w.n] = j;
+        w.n += allowed[r][j];
+      }
+      w.slot = w.slots.data();
+    }
+  }
+  const int64_t chunk = std::max<int64_t>(16, 8192 / hd);  // keys a chunk: 32 KB of float32
+  const bool wide = hd % 16 == 0 && wide_lanes();
+  const float* k8[8];
+  for (int64_t c0 = 0; c0 < count; c0 += chunk) {  // the scores, a chunk of keys at a time
+    const int64_t c1 = std::min(count, c0 + chunk);
+    for (int r = 0; r < nq; ++r) {
+      QueryWork& w = work[r];
+      int64_t j = w.done;
+      const int64_t e = w.end_before(c1);
+      for (; j + 8 <= e; j += 8) {
+        for (int i = 0; i < 8; ++i) k8[i] = keys + w.at(j + i) * hd;
+        dot8(qs[r], k8, hd, scale, w.scores.data() + j);
+      }
+      for (; j < e; ++j) w.scores[j] = dot(qs[r], keys + w.at(j) * hd, hd) * scale;
+      w.done = e;
+    }
+  }
+  for (int r = 0; r < nq; ++r) {  // softmax's exponentials, unnormalised
+    QueryWork& w = work[r];
+    float* s = w.scores.data();
+    for (int64_t j = w.n; j < w.n + 8; ++j) s[j] = -INFINITY;  // padding for the last vector
+    __m256 top8 = _mm256_set1_ps(-INFINITY);  // the largest score (exact in any order)
+    for (int64_t j = 0; j < w.n; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + j));
+    float lanes[8], top = -INFINITY;
+    _mm256_storeu_ps(lanes, top8);
+    for (float x : lanes) top = std::max(top, x);
+    const __m256 shift = _mm256_set1_ps(top);
+    __m256 total = _mm256_setzero_ps();
+    for (int64_t j = 0; j < w.n; j += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift));
+      _mm256_storeu_ps(s + j, e);
+      total = _mm256_add_ps(total, e);
+    }
+    s[w.n] = 1.f / hsum(total);  // the norm, where the padding was
+    w.acc.assign(hd, 0.f);
+    w.done = 0;
+  }
+  for (int64_t c0 = 0; c0 < count; c0 += chunk) {  // the values' weighted sums, a chunk at a time
+    const int64_t c1 = std::min(count, c0 + chunk);
+    for (int r = 0; r < nq; ++r) {
+      QueryWork& w = work[r];
+      const int64_t e = w.end_before(c1);
+      (wide ? weigh_lanes16 : weigh_lanes)(w.scores.data(), values, w.slot, w.done, e, hd, w.acc.data());
+      w.done = e;
+    }
+  }
+  for (int r = 0; r < nq; ++r) {
+    const __m256 norm = _mm256_set1_ps(work[r].scores[work[r].n]);
+    for (int64_t i = 0; i < hd; i += 8)
+      _mm256_storeu_ps(outs[r] + i, _mm256_mul_ps(_mm256_loadu_ps(work[r].acc.data() + i), norm));
   }
 }
 
@@ -203,30 +353,41 @@ AttendJob attend_job(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::T
                    visible.numel() ? mask.data_ptr<bool>() : nullptr, n_heads, n_kv, T, hd, lo, count, capacity};
 }
 
-// Every (job, head, query) of the jobs as one parallel loop: sequences attended together share the
-// threads even when each has a single query (a step of several sequences decoding one token each).
+// Every (job, head, block of up to 16 queries) of the jobs as one parallel loop: sequences attended
+// together share the threads even when each has a single query (a step of several sequences decoding one
+// token each).
+constexpr int64_t kQueryBlock = 16;
+
 void attend_all(std::vector<AttendJob>& jobs, double scale) {
-  std::vector<int64_t> first{0};  // the jobs' units (head, query) numbered in turn
+  std::vector<int64_t> first{0};  // the jobs' units (head, query block) numbered in turn
   int64_t keys = 0;
   for (const AttendJob& job : jobs) {
-    first.push_back(first.back() + job.n_heads * job.T);
+    first.push_back(first.back() + job.n_heads * ((job.T + kQueryBlock - 1) / kQueryBlock));
     keys += job.n_heads * job.T * job.count;
   }
   const int64_t units = first.back();
   const int64_t grain = std::max<int64_t>(1, 1024 * units / std::max<int64_t>(1, keys));  // ~1024 keys a chunk
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
-    std::vector<float> scores;
-    std::vector<int64_t> slots;
+    std::vector<QueryWork> work;
+    const float* qs[kQueryBlock];
+    const bool* allowed[kQueryBlock];
+    float* outs[kQueryBlock];
     size_t j = std::upper_bound(first.begin(), first.end(), u0) - first.begin() - 1;
     for (int64_t u = u0; u < u1; ++u) {
       while (u >= first[j + 1]) ++j;
       const AttendJob& job = jobs[j];
-      const int64_t local = u - first[j], h = local / job.T, t = local % job.T, g = h / (job.n_heads / job.n_kv);
+      const int64_t blocks = (job.T + kQueryBlock - 1) / kQueryBlock, local = u - first[j];
+      const int64_t h = local / blocks, t0 = (local % blocks) * kQueryBlock, g = h / (job.n_heads / job.n_kv);
+      const int nq = static_cast<int>(std::min(kQueryBlock, job.T - t0));
       const float* qp = job.q.data_ptr<float>();
-      attend_one(qp + h * job.q.stride(1) + t * job.q.stride(2), job.kc + (g * job.capacity + job.lo) * job.hd,
-                 job.vc + (g * job.capacity + job.lo) * job.hd, job.mp ? job.mp + t * job.count : nullptr, job.count,
-                 job.hd, static_cast<float>(scale), job.out.data_ptr<float>() + (t * job.n_heads + h) * job.hd,
-                 scores, slots);
+      for (int r = 0; r < nq; ++r) {
+        const int64_t t = t0 + r;
+        qs[r] = qp + h * job.q.stride(1) + t * job.q.stride(2);
+        allowed[r] = job.mp ? job.mp + t * job.count : nullptr;
+        outs[r] = job.out.data_ptr<float>() + (t * job.n_heads + h) * job.hd;
+      }
+      attend_queries(qs, allowed, outs, nq, job.kc + (g * job.capacity + job.lo) * job.hd,
+                     job.vc + (g * job.capacity + job.lo) * job.hd, job.count, job.hd, static_cast<float>(scale), work);
     }
   });
 }
