@@ -156,6 +156,33 @@ def test_packed_rows_are_the_same_on_vnni_and_amx(kernels):
 
 
 @packed_only
+@pytest.mark.skipif("not quant.packed_int8() or not quant.load().amx_bf16()",
+                    reason="the prompt rows' bfloat16 tiles need AMX-BF16 and the packed blocks (AVX-512 VNNI)")
+@pytest.mark.parametrize("name", list(KINDS))
+def test_prompt_rows_on_bf16_tiles_are_the_bfloat16_product(kernels, name):
+    """Prompt rows (no logits) of packed blocks take AMX-BF16 tiles: the weights dequantised and the rows
+    rounded to bfloat16, float sums; a row's result depends on that row alone, whatever the chunk."""
+    g = torch.Generator().manual_seed(9)
+    kind = KINDS[name]
+    columns = 512 if kind in SUPER else 96
+    w = blocks_of(torch.randn(48, columns, generator=g), kind)
+    packed = quant.pack_int8(w)
+    x = torch.randn(70, columns, generator=g)
+    ref = x.bfloat16().double() @ quant.dequantize(w).bfloat16().double().T
+    together = kernels.linear(x, packed.blocks, packed.code, columns, True, True)
+    assert (together.double() - ref).abs().max() <= 1e-6 * ref.abs().max()
+    for rows in (1, 5, 16, 17, 33, 64):
+        for start in (0, 70 - rows):
+            part = kernels.linear(x[start : start + rows].contiguous(), packed.blocks, packed.code, columns, True, True)
+            assert torch.equal(part, together[start : start + rows]), (rows, start)
+    previous = kernels.set_prompt_tiles(False)  # off: prompt rows take the int8 kernels like any others
+    try:
+        assert torch.equal(kernels.linear(x, packed.blocks, packed.code, columns, True, True),
+                           kernels.linear(x, packed.blocks, packed.code, columns, True))
+    finally:
+        kernels.set_prompt_tiles(previous)
+
+
 def test_packing_takes_whole_blocks_of_16_rows(kernels):
     w = blocks_of(torch.randn(20, 64), 3)
     assert quant.pack_int8(w) is w  # 20 rows: left to the AVX2 int8 kernels

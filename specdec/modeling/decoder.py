@@ -34,8 +34,8 @@ longer ones (prefill) on ATen's GEMM, which is faster where there is arithmetic 
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 LayerStep = Callable[..., torch.Tensor]
-"""(layer index, h (T, d), cos, sin, the sequences as [(k cache, v cache, start, lo, visible, rows)]) -> h
-after that layer: each sequence's rows in turn in h, cos and sin."""
+"""(layer index, h (T, d), cos, sin, the sequences as [(k cache, v cache, start, lo, visible, rows, prompt)])
+-> h after that layer: each sequence's rows in turn in h, cos and sin; prompt: a prompt chunk (no logits)."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,8 @@ class Segment:
     faster over many rows than rowops.cpp's, while every pass that produces logits attends on rowops.cpp
     (where it runs), one implementation whatever the row count; on the blocks prompt chunks take the
     layer call too, so a prompt's cache does not depend on how it was cut (int8 activations would turn
-    SDPA's last bits into different tokens)."""
+    SDPA's last bits into different tokens), and their products take bfloat16 tiles where the CPU has
+    AMX (quant.py)."""
 
     @property
     def end(self) -> int:
@@ -326,7 +327,7 @@ class Decoder:
                 for j, s in enumerate(segments):
                     lo, mask = visible_slots(s, layer.window, masks, j)
                     sequences.append((s.cache.k[i], s.cache.v[i], s.start, lo,
-                                      _ALL_VISIBLE if mask is None else mask, s.rows))
+                                      _ALL_VISIBLE if mask is None else mask, s.rows, s.prompt))
                 x = self.layer_step(i, x[0], cos, sin, sequences)[None]
                 continue
             attends = [self._cached_attend(s, i, layer.window, masks, j) for j, s in enumerate(segments)]

@@ -865,6 +865,137 @@ void packed_matmul(const float* xp, const uint8_t* w, float* out, int64_t M, int
   });
 }
 
+// ---- Prompt rows on AMX-BF16 tiles -------------------------------------------------------------------
+//
+// A prompt's rows produce no logits, only the keys and values later rows read, and a long prompt is
+// hundreds of rows at once: there the int8 tiles above are bound by their per-group float steps (each
+// 32-weight group's C tile stored and scaled), ~0.7 ms a row for SmolLM2. Here a matrix is dequantised to
+// bfloat16 once per call (w = a code + b, rounded to nearest even: the B tiles of its 16-column blocks)
+// and the rows, rounded to bfloat16, are multiplied by tdpbf16ps with float sums over the whole of K in
+// the C tiles, no step per group. Every prompt row takes this path whatever the count, so a prompt's
+// cache does not depend on how it was cut into chunks (a row's sums are the same in any chunk: each C
+// tile row is its own A row's products).
+
+#define SPECDEC_AMX_BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx512vnni,avx2,fma,f16c,amx-tile,amx-bf16")))
+
+bool amx_bf16() { return amx_granted(false); }
+
+// The block's groups as bfloat16 B tiles: K / 2 rows of 64 bytes, row k / 2 holding weights k and k + 1
+// of each of the 16 columns side by side (the VNNI pairs tdpbf16ps takes).
+template <int64_t KIND>
+SPECDEC_AMX_BF16 void dequant_block(const uint8_t* p, int64_t groups, uint16_t* out) {
+  constexpr Format F = format_of(KIND);
+  constexpr int64_t GB = group_bytes(F);
+  const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i byte = _mm512_set1_epi32(0xFF);
+  for (int64_t g = 0; g < groups; ++g, p += GB) {
+    __m512i t[F.G / 4];
+    __m512 a, b;
+    unpack_group<KIND>(p, t, a, b);
+    for (int64_t i = 0; i < F.G / 4; ++i) {  // weights 4i .. 4i + 3 of the group, column n in dword n
+      __m512 w[4];
+      for (int j = 0; j < 4; ++j)
+        w[j] = _mm512_fmadd_ps(a, _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(t[i], 8 * j), byte)), b);
+      for (int j = 0; j < 2; ++j) {
+        const __m512i v = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(w[2 * j + 1], w[2 * j]));
+        _mm512_storeu_si512(out + ((g * F.G + 4 * i) / 2 + j) * 32, _mm512_permutexvar_epi16(pairs, v));
+      }
+    }
+  }
+}
+
+// Rows m0 .. m1 - 1 of x rounded to bfloat16 as A tiles: rows 16 i .. 16 i + 15, inputs 32 j .. 32 j + 31
+// are 1 KB at out + (i K / 32 + j) 512, so a tile load reads consecutive lines.
+SPECDEC_AMX_BF16 void round_rows_bf16(const float* x, int64_t m0, int64_t m1, int64_t K, uint16_t* out) {
+  for (int64_t m = m0; m < m1; ++m)
+    for (int64_t k = 0; k < K; k += 32) {
+      const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + m * K + k + 16), _mm512_loadu_ps(x + m * K + k));
+      _mm512_storeu_si512(out + ((m / 16) * (K / 32) + k / 32) * 512 + (m % 16) * 32, reinterpret_cast<__m512i>(v));
+    }
+}
+
+// C tile t (0-3) into out's rows row .. row + 15 (those below M) at column block blk.
+SPECDEC_AMX_BF16 inline void store_c(int t, float* out, int64_t row, int64_t M, int64_t N, int64_t blk, float* spill) {
+  float* dst = out + row * N + blk * PACKED_COLS;
+  const bool whole = row + 16 <= M;
+  float* to = whole ? dst : spill;
+  const int64_t stride = whole ? N * 4 : 64;
+  switch (t) {  // the tile number must be a constant
+    case 0: _tile_stored(0, to, stride); break;
+    case 1: _tile_stored(1, to, stride); break;
+    case 2: _tile_stored(2, to, stride); break;
+    default: _tile_stored(3, to, stride); break;
+  }
+  if (!whole)  // the last, partial tile: its rows past M are padding
+    for (int64_t i = 0; row + i < M; ++i) std::memcpy(dst + i * N, spill + 16 * i, 64);
+}
+
+// Row tiles [r0, r1) of the rounded rows times column blocks [b0, b1), two row tiles by two column
+// blocks at a time (C tiles 0-3; A tiles 4-5, B tiles 6-7): each tile loaded is used twice.
+SPECDEC_AMX_BF16 void prompt_tiles(const uint16_t* xb, const uint16_t* wb, float* out, int64_t M, int64_t K, int64_t N,
+                                   int64_t r0, int64_t r1, int64_t b0, int64_t b1) {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) config.rows[t] = 16, config.colsb[t] = 64;  // every tile 16 x 64 bytes
+  asm volatile("" : : "r"(&config) : "memory");  // GCC would drop the stores ldtilecfg reads
+  _tile_loadconfig(&config);
+  alignas(64) float spill[16 * 16];
+  const int64_t tile = 16 * K;  // bfloat16 of one row tile (or one column block) over all of K
+  for (int64_t blk = b0; blk < b1; blk += 2) {
+    const bool two_cols = blk + 1 < b1;
+    const uint16_t* b_0 = wb + blk * tile;
+    const uint16_t* b_1 = b_0 + tile;
+    for (int64_t rt = r0; rt < r1; rt += 2) {
+      const bool two_rows = rt + 1 < r1;
+      const uint16_t* a_0 = xb + rt * tile;
+      const uint16_t* a_1 = a_0 + tile;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t k = 0; k < K * 16; k += 512) {  // 32 inputs a step: 1 KB of each tile
+        _tile_loadd(4, a_0 + k, 64);
+        _tile_loadd(6, b_0 + k, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (two_cols) {
+          _tile_loadd(7, b_1 + k, 64);
+          _tile_dpbf16ps(1, 4, 7);
+        }
+        if (two_rows) {
+          _tile_loadd(5, a_1 + k, 64);
+          _tile_dpbf16ps(2, 5, 6);
+          if (two_cols) _tile_dpbf16ps(3, 5, 7);
+        }
+      }
+      store_c(0, out, 16 * rt, M, N, blk, spill);
+      if (two_cols) store_c(1, out, 16 * rt, M, N, blk + 1, spill);
+      if (two_rows) store_c(2, out, 16 * rt + 16, M, N, blk, spill);
+      if (two_rows && two_cols) store_c(3, out, 16 * rt + 16, M, N, blk + 1, spill);
+    }
+  }
+  _tile_release();
+}
+
+// out (M, N) = x (M, K) @ w.T for prompt rows: w packed (pack_int8), dequantised once for the call.
+template <int64_t KIND>
+void prompt_matmul(const float* xp, const uint8_t* w, float* out, int64_t M, int64_t K, int64_t N) {
+  constexpr Format F = format_of(KIND);
+  const int64_t blocks = N / PACKED_COLS, stride = K / F.G * group_bytes(F), Mp = (M + 15) / 16 * 16;
+  std::vector<uint16_t> wb(N * K), xb(Mp * K, 0);
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t blk = b0; blk < b1; ++blk) dequant_block<KIND>(w + blk * stride, K / F.G, wb.data() + blk * K * 16);
+  });
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) { round_rows_bf16(xp, m0, m1, K, xb.data()); });
+  const int64_t row_tiles = Mp / 16, chunk = std::max<int64_t>(2, 8192 / K);  // ~256 KB of rows a chunk
+  for (int64_t r0 = 0; r0 < row_tiles; r0 += chunk) {
+    const int64_t r1 = std::min(row_tiles, r0 + chunk);
+    at::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t p0, int64_t p1) {  // column blocks in pairs
+      prompt_tiles(xb.data(), wb.data(), out, M, K, N, r0, r1, 2 * p0, std::min(blocks, 2 * p1));
+    });
+  }
+}
+
 bool packed_supported() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
@@ -897,9 +1028,46 @@ torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& w, int6
   return out.view(shape);
 }
 
+// x @ w.T for prompt rows on the bfloat16 tiles (prompt_matmul); w packed, K a multiple of 32.
+torch::Tensor linear_prompt(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t K) {
+  check_kind(kind);
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.size(-1) == K && K % 32 == 0, "x: float32 with ", K,
+              " features, a multiple of 32");
+  TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w: packed blocks");
+  auto shape = x.sizes().vec();
+  torch::Tensor x2 = x.reshape({-1, K}).contiguous();
+  const int64_t M = x2.size(0), N = w.size(0) * PACKED_COLS;
+  torch::Tensor out = torch::empty({M, N}, x.options());
+  const float* xp = x2.data_ptr<float>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* op = out.data_ptr<float>();
+  if (M > 0) switch (kind) {
+      case Q4_0: prompt_matmul<Q4_0>(xp, wp, op, M, K, N); break;
+      case Q4_1: prompt_matmul<Q4_1>(xp, wp, op, M, K, N); break;
+      case Q5_0: prompt_matmul<Q5_0>(xp, wp, op, M, K, N); break;
+      case Q8_0: prompt_matmul<Q8_0>(xp, wp, op, M, K, N); break;
+      case Q4_K: prompt_matmul<Q4_K>(xp, wp, op, M, K, N); break;
+      case Q6_K: prompt_matmul<Q6_K>(xp, wp, op, M, K, N); break;
+    }
+  shape.back() = N;
+  return out.view(shape);
+}
+
+// Whether prompt rows take the bfloat16 tiles (where the CPU has AMX-BF16; set_prompt_tiles turns them
+// off or on again for tests and benchmarks).
+bool& prompt_tiles_on() {
+  static bool on = amx_bf16();
+  return on;
+}
+
+// Whether prompt rows times w take prompt_matmul: packed blocks whose inputs are whole 32-weight tiles.
+bool takes_prompt_tiles(int64_t kind, int64_t K) { return (kind & kPackedFlag) && K % 32 == 0 && prompt_tiles_on(); }
+
 bool supported() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
 
-torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t in_features, bool int8) {
+torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t in_features, bool int8,
+                     bool prompt = false) {
+  if (prompt && takes_prompt_tiles(kind, in_features)) return linear_prompt(x, w, kind & ~kPackedFlag, in_features);
   if (kind & kPackedFlag) return linear_packed(x, w, kind & ~kPackedFlag, in_features);
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "quant.linear takes float32 activations");
   TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w: (N, blocks bytes) uint8");
@@ -928,14 +1096,42 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t in_
   return out.view(shape);
 }
 
+// Which rows of a pass are prompt rows (their sequences' chunks want no logits): rows are each
+// sequence's in turn.
+struct PromptRows {
+  bool all = false, any = false;
+  torch::Tensor prompt, other;  // row indices, when some are and some are not
+
+  PromptRows(const std::vector<int64_t>& rows, const std::vector<bool>& prompts) {
+    std::vector<int64_t> p, o;
+    int64_t row = 0;
+    for (size_t s = 0; s < rows.size(); ++s)
+      for (int64_t r = 0; r < rows[s]; ++r, ++row) (prompts[s] ? p : o).push_back(row);
+    all = o.empty(), any = !p.empty();
+    if (any && !all) prompt = torch::tensor(p, torch::kLong), other = torch::tensor(o, torch::kLong);
+  }
+};
+
 // x @ w.T for a projection held as one or more parts (a fused projection whose parts have different
-// block types: their outputs side by side), each part (blocks, kind), all taking in_features.
+// block types: their outputs side by side), each part (blocks, kind), all taking in_features; prompt rows
+// on the bfloat16 tiles where the blocks take them (linear's prompt).
 torch::Tensor project(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks, const std::vector<int64_t>& kinds,
-                      int64_t in_features, bool int8) {
-  if (blocks.size() == 1) return linear(x, blocks[0], kinds[0], in_features, int8);
+                      int64_t in_features, bool int8, bool prompt = false) {
+  if (blocks.size() == 1) return linear(x, blocks[0], kinds[0], in_features, int8, prompt);
   std::vector<torch::Tensor> outs;
-  for (size_t i = 0; i < blocks.size(); ++i) outs.push_back(linear(x, blocks[i], kinds[i], in_features, int8));
+  for (size_t i = 0; i < blocks.size(); ++i) outs.push_back(linear(x, blocks[i], kinds[i], in_features, int8, prompt));
   return torch::cat(outs, -1);
+}
+
+torch::Tensor project(const torch::Tensor& x, const std::vector<torch::Tensor>& blocks, const std::vector<int64_t>& kinds,
+                      int64_t in_features, bool int8, const PromptRows& rows) {
+  if (!rows.any || rows.all) return project(x, blocks, kinds, in_features, int8, rows.all);
+  torch::Tensor prompt = project(x.index_select(0, rows.prompt), blocks, kinds, in_features, int8, true);
+  torch::Tensor other = project(x.index_select(0, rows.other), blocks, kinds, in_features, int8, false);
+  torch::Tensor out = torch::empty({x.size(0), prompt.size(1)}, x.options());
+  out.index_copy_(0, rows.prompt, prompt);
+  out.index_copy_(0, rows.other, other);
+  return out;
 }
 
 // One decoder layer of one or more sequences on GGUF blocks, in one call: what the lean backend's
@@ -953,16 +1149,17 @@ torch::Tensor layer_steps(torch::Tensor h, std::vector<std::vector<torch::Tensor
                           std::vector<std::vector<int64_t>> kinds, std::vector<torch::Tensor> norms, torch::Tensor cos,
                           torch::Tensor sin, std::vector<torch::Tensor> k_caches, std::vector<torch::Tensor> v_caches,
                           std::vector<int64_t> starts, std::vector<int64_t> los, std::vector<torch::Tensor> visibles,
-                          std::vector<int64_t> rows, int64_t n_heads, int64_t n_kv, int64_t hd, double eps,
-                          double scale, bool gemma, bool int8) {
+                          std::vector<int64_t> rows, std::vector<bool> prompts, int64_t n_heads, int64_t n_kv,
+                          int64_t hd, double eps, double scale, bool gemma, bool int8) {
   TORCH_CHECK(h.dim() == 2 && h.scalar_type() == torch::kFloat32, "h: (T, d) float32");
   TORCH_CHECK(blocks.size() == 4 && kinds.size() == 4 && norms.size() == 6, "4 projections and 6 norms");
   const size_t n = rows.size();
   TORCH_CHECK(n >= 1 && k_caches.size() == n && v_caches.size() == n && starts.size() == n && los.size() == n &&
-                  visibles.size() == n, "one cache, start, lo and visible mask per sequence");
+                  visibles.size() == n && prompts.size() == n, "one cache, start, lo, visible mask and prompt flag per sequence");
   const int64_t T = h.size(0), d = h.size(1), hq = n_heads * hd, hkv = n_kv * hd;
   TORCH_CHECK(std::accumulate(rows.begin(), rows.end(), int64_t{0}) == T, "the sequences' rows must add up to h's");
-  torch::Tensor qkv = project(rms_norm(h, norms[0], eps), blocks[0], kinds[0], d, int8).contiguous();
+  const PromptRows prompt_rows(rows, prompts);
+  torch::Tensor qkv = project(rms_norm(h, norms[0], eps), blocks[0], kinds[0], d, int8, prompt_rows).contiguous();
   qk_rope_(qkv, cos, sin, n_heads, n_kv, hd, norms[2], norms[3], eps);
   std::vector<AttendJob> jobs;  // each sequence over its own cache, all in one parallel loop
   int64_t first = 0;
@@ -978,11 +1175,11 @@ torch::Tensor layer_steps(torch::Tensor h, std::vector<std::vector<torch::Tensor
   std::vector<torch::Tensor> attended;
   for (size_t s = 0; s < n; ++s) attended.push_back(jobs[s].out.reshape({rows[s], hq}));
   torch::Tensor attn = n == 1 ? attended[0] : torch::cat(attended, 0);
-  torch::Tensor o = project(attn, blocks[1], kinds[1], hq, int8);
+  torch::Tensor o = project(attn, blocks[1], kinds[1], hq, int8, prompt_rows);
   if (gemma) o = rms_norm(o, norms[4], eps);
   h = h + o;
-  torch::Tensor gu = project(rms_norm(h, norms[1], eps), blocks[2], kinds[2], d, int8);
-  torch::Tensor m = project(act_mul(gu, gemma), blocks[3], kinds[3], gu.size(-1) / 2, int8);
+  torch::Tensor gu = project(rms_norm(h, norms[1], eps), blocks[2], kinds[2], d, int8, prompt_rows);
+  torch::Tensor m = project(act_mul(gu, gemma), blocks[3], kinds[3], gu.size(-1) / 2, int8, prompt_rows);
   if (gemma) m = rms_norm(m, norms[5], eps);
   return h + m;
 }
@@ -991,8 +1188,15 @@ torch::Tensor layer_steps(torch::Tensor h, std::vector<std::vector<torch::Tensor
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "whether this CPU has AVX2 and FMA");
-  m.def("linear", &linear, "x @ w.T on GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks; float32 activations, or int8",
-        py::arg("x"), py::arg("w"), py::arg("kind"), py::arg("in_features"), py::arg("int8") = false);
+  m.def("linear", &linear, "x @ w.T on GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks; float32 activations, or int8; "
+        "prompt: rows of a prompt (on bfloat16 tiles where packed blocks take them)",
+        py::arg("x"), py::arg("w"), py::arg("kind"), py::arg("in_features"), py::arg("int8") = false,
+        py::arg("prompt") = false);
+  m.def("amx_bf16", &amx_bf16, "whether this CPU has AMX-BF16 tiles (prompt rows of packed blocks take them)");
+  m.def("prompt_tiles", [] { return prompt_tiles_on(); }, "whether prompt rows of packed blocks take the bfloat16 tiles");
+  m.def("set_prompt_tiles", [](bool on) { return std::exchange(prompt_tiles_on(), on && amx_bf16()); },
+        "prompt rows of packed blocks on the bfloat16 tiles (where the CPU has them) or not; returns the previous "
+        "setting");
   m.def("pack_int8", &pack_int8, "a matrix's blocks (N a multiple of 16) in the layout of the packed int8 kernels",
         py::arg("w"), py::arg("kind"), py::arg("in_features"));
   m.def("packed_supported", &packed_supported, "whether this CPU runs the packed int8 kernels (AVX-512 VNNI)");

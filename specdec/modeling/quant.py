@@ -12,7 +12,11 @@ says why. SPECDEC_QUANT=0 turns them off.
 With int8 activations on a CPU with AVX-512 VNNI, `pack_int8` rewrites each matrix once at load into the
 layout of quant.cpp's packed kernels (codes in VNNI order per 16 output rows and group; vpdpbusd for up
 to 24 rows, AMX-INT8 tiles for more where the CPU has them, the same numbers either way); `packed_int8()`
-says whether they run here, SPECDEC_QUANT_PACKED=0 keeps the AVX2 int8 kernels.
+says whether they run here, SPECDEC_QUANT_PACKED=0 keeps the AVX2 int8 kernels. A prompt's rows (a pass
+that wants no logits) of packed blocks take AMX-BF16 tiles where the CPU has them: the matrix dequantised
+to bfloat16 once a call, the rows rounded to bfloat16, float sums over all of K (the int8 tiles are bound
+by their per-group float steps over hundreds of rows); every prompt row takes them whatever the chunk, so
+a prompt's cache does not depend on how it was cut.
 """
 
 from __future__ import annotations
@@ -156,12 +160,13 @@ def layer_step(arch, layers: list, int8: bool = False) -> Callable | None:
                      norms + [_EMPTY] * (6 - len(norms))))
 
     def step(index: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sequences: list[tuple]) -> torch.Tensor:
-        """sequences: (k cache, v cache, start, lo, visible, rows) each, their rows in turn in h."""
+        """sequences: (k cache, v cache, start, lo, visible, rows, prompt) each, their rows in turn in h
+        (prompt: a prompt chunk, no logits wanted)."""
         blocks, kinds, norms = held[index]
-        k_caches, v_caches, starts, los, visibles, rows = (list(column) for column in zip(*sequences))
+        k_caches, v_caches, starts, los, visibles, rows, prompts = (list(column) for column in zip(*sequences))
         return module.layer_steps(h.contiguous(), blocks, kinds, norms, cos.contiguous(), sin.contiguous(), k_caches,
-                                  v_caches, starts, los, visibles, rows, arch.n_heads, arch.n_kv, arch.head_dim,
-                                  arch.eps, arch.scale, arch.gemma, int8)
+                                  v_caches, starts, los, visibles, rows, prompts, arch.n_heads, arch.n_kv,
+                                  arch.head_dim, arch.eps, arch.scale, arch.gemma, int8)
 
     return step
 
