@@ -95,6 +95,22 @@ SPECDEC_AVX2 inline float dot(const float* a, const float* b, int64_t n) {
   return hsum(s);
 }
 
+// (hsum(v[0]), ..., hsum(v[7])): the same additions of the same numbers as eight hsums, for the eight at
+// once. hsum(v) = ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
+SPECDEC_AVX2 inline __m256 hsum8(const __m256 v[8]) {
+  __m256 x[4];  // x[p] = (v_l + v_l+4 of v[2p], l = 0..3 | the same of v[2p + 1])
+  for (int p = 0; p < 4; ++p)
+    x[p] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * p], v[2 * p + 1], 0x31));
+  __m256 y[2];  // y[h] = (s0 + s2, s1 + s3) of v[4h], v[4h + 2] | of v[4h + 1], v[4h + 3]
+  for (int h = 0; h < 2; ++h)
+    y[h] = _mm256_add_ps(_mm256_shuffle_ps(x[2 * h], x[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm256_shuffle_ps(x[2 * h], x[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 z = _mm256_add_ps(_mm256_shuffle_ps(y[0], y[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(y[0], y[1], _MM_SHUFFLE(3, 1, 3, 1)));  // v0 v2 v4 v6 | v1 v3 v5 v7
+  return _mm256_permutevar8x32_ps(z, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 // q . k for eight keys side by side: each key's sum is dot's (the same fmas in the same order, then
 // hsum), eight independent chains so the FMA units are not waiting on one accumulator.
 SPECDEC_AVX2 inline void dot8(const float* q, const float* const* k, int64_t hd, float scale, float* out) {
@@ -104,7 +120,7 @@ SPECDEC_AVX2 inline void dot8(const float* q, const float* const* k, int64_t hd,
     const __m256 qi = _mm256_loadu_ps(q + i);
     for (int r = 0; r < 8; ++r) s[r] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[r] + i), s[r]);
   }
-  for (int r = 0; r < 8; ++r) out[r] = hsum(s[r]) * scale;
+  _mm256_storeu_ps(out, _mm256_mul_ps(hsum8(s), _mm256_set1_ps(scale)));
 }
 
 // acc[0, 8 NV) += sum_j weights[j] values[slot j][0, 8 NV) for j in [j0, j1), each lane summed over j
@@ -221,12 +237,29 @@ SPECDEC_AVX2 void attend_queries(const float* const* qs, const bool* const* allo
     w.n = count, w.done = 0, w.slot = nullptr;
     if (allowed[r] != nullptr) {
       w.slots.resize(count);
-      w.n = 0;
-      for (int64_t j = 0; j < count; ++j) {  // without a branch: a causal mask's rows are long runs
-        w.slots[w.n] = j;
-        w.n += allowed[r][j];
+      int64_t* slot = w.slots.data();
+      const bool* mask = allowed[r];
+      int64_t n = 0, j = 0;  // a local count (w.n would be stored every key: the slots' writes may alias it)
+      for (; j + 8 <= count; j += 8) {  // eight keys at a time where they are all visible or all hidden
+        uint64_t eight;
+        std::memcpy(&eight, mask + j, 8);
+        if (eight == 0) continue;
+        if (eight == 0x0101010101010101ull) {
+          for (int i = 0; i < 8; ++i) slot[n + i] = j + i;
+          n += 8;
+          continue;
+        }
+        for (int i = 0; i < 8; ++i) {  // a mixed run, without a branch
+          slot[n] = j + i;
+          n += mask[j + i];
+        }
       }
-      w.slot = w.slots.data();
+      for (; j < count; ++j) {
+        slot[n] = j;
+        n += mask[j];
+      }
+      w.n = n;
+      w.slot = slot;
     }
   }
   const int64_t chunk = std::max<int64_t>(16, 8192 / hd);  // keys a chunk: 32 KB of float32
