@@ -183,6 +183,15 @@ def test_prompt_rows_on_bf16_tiles_are_the_bfloat16_product(kernels, name):
         kernels.set_prompt_tiles(previous)
 
 
+@pytest.mark.skipif("not quant.amx_int8() or not quant.load().amx_bf16()",
+                    reason="AMX-INT8 and AMX-BF16 tiles are not granted on this CPU")
+def test_tile_products_hand_back_the_tiles_as_found(kernels):
+    """llama.cpp's AMX kernels configure a thread's tiles once and then assume them (a bench with its rows
+    died of SIGILL after specdec's products ran on the same thread): each product restores the
+    configuration it found."""
+    assert kernels.tiles_left_as_found()
+
+
 def test_packing_takes_whole_blocks_of_16_rows(kernels):
     w = blocks_of(torch.randn(20, 64), 3)
     assert quant.pack_int8(w) is w  # 20 rows: left to the AVX2 int8 kernels

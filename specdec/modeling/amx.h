@@ -1,10 +1,12 @@
 // What kernels.cpp (AMX-BF16) and quant.cpp (AMX-INT8) share about AMX tiles: the tile configuration's
-// layout and the one-time request for the tile state.
+// layout, the one-time request for the tile state, and handing the tiles back as they were found.
 
 #pragma once
 
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include <immintrin.h>
 
 #include <cstdint>
 
@@ -29,6 +31,21 @@ inline bool amx_granted(bool int8) {
     return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0 ? d : 0u;
   }();
   return features >> (int8 ? 25 : 22) & 1;  // AMX-INT8, AMX-BF16
+}
+
+// The tile configuration this thread has now (all zeros: none). Another library on the same thread may
+// keep its configuration loaded between its calls — llama.cpp's AMX kernels configure a thread's tiles
+// once and then assume them — so every product here saves the configuration it found, loads its own, and
+// loads the saved one again before it returns (zeros put the tiles back in their initial state).
+__attribute__((target("amx-tile"))) inline TileConfig tiles_in_use() {
+  TileConfig config;
+  _tile_storeconfig(&config);
+  return config;
+}
+
+__attribute__((target("amx-tile"))) inline void restore_tiles(const TileConfig& config) {
+  asm volatile("" : : "r"(&config) : "memory");  // GCC would drop the stores ldtilecfg reads
+  _tile_loadconfig(&config);
 }
 
 }  // namespace

@@ -257,6 +257,7 @@ SPECDEC_AVX512 inline void store_rows(const float* acc, int64_t ld, int64_t rows
 SPECDEC_AMX void tile_pairs(int64_t p0, int64_t p1, const bf16* xp, int64_t M, int64_t Mp, int64_t Kp, int64_t stride,
                             const bf16* wp, int64_t N, const bf16* res, bf16* op) {
   const int64_t kb = Kp / kTileK, ld = stride / 2;
+  const TileConfig outer = tiles_in_use();
   configure_tiles(static_cast<int>(std::min<int64_t>(Mp, 16)));  // C tiles 0-3, A 4 (2, 3 in the one-tile loop) and 5,
                                                                  // B 6, 7 (4-7)
   alignas(64) float acc[kTileM * kTileN];
@@ -319,6 +320,7 @@ SPECDEC_AMX void tile_pairs(int64_t p0, int64_t p1, const bf16* xp, int64_t M, i
                  res, op);
     }
   }
+  restore_tiles(outer);
 }
 
 // x (M, K) @ w.T [+ residual] for w packed by pack_tiles from an (N, K) matrix; rounding as linear().
@@ -742,7 +744,11 @@ at::Tensor attend_many(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, con
   const int64_t mean_keys = std::max<int64_t>(1, keys / static_cast<int64_t>(count));
   const int64_t grain = std::max<int64_t>(1, 4096 / ((blocked ? kRowBlock : 1) * mean_keys));  // a few thousand keys
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
-    if (tiles) configure_tiles();
+    TileConfig outer;
+    if (tiles) {
+      outer = tiles_in_use();
+      configure_tiles();
+    }
     std::vector<float> scores, compact;
     std::vector<int64_t> slots;
     size_t j = std::upper_bound(first_unit.begin(), first_unit.end(), u0) - first_unit.begin() - 1;
@@ -776,6 +782,7 @@ at::Tensor attend_many(const at::Tensor& qkv, int64_t n_heads, int64_t n_kv, con
                    o + (s.row0 + i) * n_heads * hd + h * hd);
       }
     }
+    if (tiles) restore_tiles(outer);
   });
   return out;
 }

@@ -799,6 +799,7 @@ SPECDEC_AMX_INT8 void amx_rows(const PackedActs& x, const uint8_t* w, int64_t st
   for (int t = 4; t < 6; ++t) config.rows[t] = 16, config.colsb[t] = static_cast<uint16_t>(F.G);  // A: 16 x G int8
   for (int t = 6; t < 8; ++t) config.rows[t] = static_cast<uint8_t>(F.G / 4), config.colsb[t] = 64;  // B
   asm volatile("" : : "r"(&config) : "memory");  // GCC would drop the stores ldtilecfg reads
+  const TileConfig outer = tiles_in_use();
   _tile_loadconfig(&config);
   const int64_t groups = x.groups, Mp = static_cast<int64_t>(x.q.size()) / x.K;  // rows rounded up to 16
   alignas(64) uint8_t btiles[2][4 * TILE];
@@ -835,6 +836,7 @@ SPECDEC_AMX_INT8 void amx_rows(const PackedActs& x, const uint8_t* w, int64_t st
     for (int64_t r = 0; r < x.M; ++r)
       _mm512_storeu_ps(out + r * N + blk * PACKED_COLS, Mp == 16 ? acc[r] : _mm512_loadu_ps(acc_rows.data() + r * PACKED_COLS));
   }
+  restore_tiles(outer);
 }
 
 int64_t vnni_max_rows = 24;  // more rows go to AMX where it runs: even with vpdpbusd at 32 rows, 10-15 % faster
@@ -939,6 +941,7 @@ SPECDEC_AMX_BF16 void prompt_tiles(const uint16_t* xb, const uint16_t* wb, float
   TileConfig config;
   for (int t = 0; t < 8; ++t) config.rows[t] = 16, config.colsb[t] = 64;  // every tile 16 x 64 bytes
   asm volatile("" : : "r"(&config) : "memory");  // GCC would drop the stores ldtilecfg reads
+  const TileConfig outer = tiles_in_use();
   _tile_loadconfig(&config);
   alignas(64) float spill[16 * 16];
   const int64_t tile = 16 * K;  // bfloat16 of one row tile (or one column block) over all of K
@@ -974,7 +977,7 @@ SPECDEC_AMX_BF16 void prompt_tiles(const uint16_t* xb, const uint16_t* wb, float
       if (two_rows && two_cols) store_c(3, out, 16 * rt + 16, M, N, blk + 1, spill);
     }
   }
-  _tile_release();
+  restore_tiles(outer);
 }
 
 // out (M, N) = x (M, K) @ w.T for prompt rows: w packed (pack_int8), dequantised once for the call.
@@ -994,6 +997,28 @@ void prompt_matmul(const float* xp, const uint8_t* w, float* out, int64_t M, int
       prompt_tiles(xb.data(), wb.data(), out, M, K, N, r0, r1, 2 * p0, std::min(blocks, 2 * p1));
     });
   }
+}
+
+// For tests: whether the AMX products hand a thread's tiles back as they found them (amx.h): a
+// configuration unlike any here is loaded, both tile products run on this thread, and what is loaded
+// after is compared with it.
+SPECDEC_AMX_BF16 bool tiles_left_as_found() {
+  TORCH_CHECK(amx_int8() && amx_bf16(), "this CPU does not grant AMX-INT8 and AMX-BF16 tiles");
+  TileConfig theirs;
+  theirs.rows[0] = 3, theirs.colsb[0] = 12, theirs.rows[5] = 7, theirs.colsb[5] = 20;
+  restore_tiles(theirs);
+  constexpr int64_t K = 64, M = 20;
+  std::vector<float> x(M * K, 0.5f), out(M * PACKED_COLS);
+  std::vector<uint8_t> w(K / 32 * group_bytes(format_of(Q8_0)), 0);
+  const PackedActs acts = quantize_acts(x.data(), M, K, 32);
+  amx_rows<Q8_0>(acts, w.data(), static_cast<int64_t>(w.size()), out.data(), PACKED_COLS, 0, 1);
+  std::vector<uint16_t> xb(32 * K, 0), wb(16 * K, 0);
+  prompt_tiles(xb.data(), wb.data(), out.data(), M, K, PACKED_COLS, 0, 2, 0, 1);
+  const TileConfig after = tiles_in_use();
+  TileConfig none;
+  none.palette = 0;  // all zeros: the tiles' initial state again
+  restore_tiles(none);
+  return std::memcmp(&after, &theirs, sizeof(TileConfig)) == 0;
 }
 
 bool packed_supported() {
@@ -1192,6 +1217,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "prompt: rows of a prompt (on bfloat16 tiles where packed blocks take them)",
         py::arg("x"), py::arg("w"), py::arg("kind"), py::arg("in_features"), py::arg("int8") = false,
         py::arg("prompt") = false);
+  m.def("tiles_left_as_found", &tiles_left_as_found, "for tests: the AMX products restore the tile configuration "
+        "they found on the thread");
   m.def("amx_bf16", &amx_bf16, "whether this CPU has AMX-BF16 tiles (prompt rows of packed blocks take them)");
   m.def("prompt_tiles", [] { return prompt_tiles_on(); }, "whether prompt rows of packed blocks take the bfloat16 tiles");
   m.def("set_prompt_tiles", [](bool on) { return std::exchange(prompt_tiles_on(), on && amx_bf16()); },
