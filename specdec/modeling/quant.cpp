@@ -1027,13 +1027,25 @@ bool packed_supported() {
 }
 
 // x @ w.T with w in pack_int8's layout (N = 16 w.size(0)).
-torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& w, int64_t kind, int64_t K) {
+template <int64_t KIND>
+void packed_product(const float* xp, const uint8_t* wp, float* op, int64_t M, int64_t K, int64_t N, bool prompt) {
+  if (prompt) {
+    prompt_matmul<KIND>(xp, wp, op, M, K, N);
+  } else {
+    packed_matmul<KIND>(xp, wp, op, M, K, N);
+  }
+}
+
+// x @ w.T on pack_int8's layout: int8 activations (packed_matmul), or for prompt rows the bfloat16 tiles
+// (prompt_matmul: K a multiple of 32, AMX-BF16).
+torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& w, int64_t kind, int64_t K, bool prompt) {
   TORCH_CHECK(packed_supported(), "the packed int8 kernels need AVX-512 (F, BW) with VNNI");
   check_kind(kind);
   const Format f = format_of(kind);
   TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w: packed uint8 blocks");
   TORCH_CHECK(K % f.G == 0 && w.size(1) == K / f.G * group_bytes(f), "w is not pack_int8's layout for ", K, " inputs");
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.size(-1) == K, "x: float32 with ", K, " features");
+  TORCH_CHECK(!prompt || (K % 32 == 0 && amx_bf16()), "prompt rows on the tiles need AMX-BF16 and K a multiple of 32");
   auto shape = x.sizes().vec();
   torch::Tensor x2 = x.reshape({-1, K}).contiguous();
   const int64_t M = x2.size(0), N = w.size(0) * PACKED_COLS;
@@ -1042,37 +1054,12 @@ torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& w, int6
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   if (M > 0) switch (kind) {
-      case Q4_0: packed_matmul<Q4_0>(xp, wp, op, M, K, N); break;
-      case Q4_1: packed_matmul<Q4_1>(xp, wp, op, M, K, N); break;
-      case Q5_0: packed_matmul<Q5_0>(xp, wp, op, M, K, N); break;
-      case Q8_0: packed_matmul<Q8_0>(xp, wp, op, M, K, N); break;
-      case Q4_K: packed_matmul<Q4_K>(xp, wp, op, M, K, N); break;
-      case Q6_K: packed_matmul<Q6_K>(xp, wp, op, M, K, N); break;
-    }
-  shape.back() = N;
-  return out.view(shape);
-}
-
-// x @ w.T for prompt rows on the bfloat16 tiles (prompt_matmul); w packed, K a multiple of 32.
-torch::Tensor linear_prompt(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t K) {
-  check_kind(kind);
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.size(-1) == K && K % 32 == 0, "x: float32 with ", K,
-              " features, a multiple of 32");
-  TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w: packed blocks");
-  auto shape = x.sizes().vec();
-  torch::Tensor x2 = x.reshape({-1, K}).contiguous();
-  const int64_t M = x2.size(0), N = w.size(0) * PACKED_COLS;
-  torch::Tensor out = torch::empty({M, N}, x.options());
-  const float* xp = x2.data_ptr<float>();
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  float* op = out.data_ptr<float>();
-  if (M > 0) switch (kind) {
-      case Q4_0: prompt_matmul<Q4_0>(xp, wp, op, M, K, N); break;
-      case Q4_1: prompt_matmul<Q4_1>(xp, wp, op, M, K, N); break;
-      case Q5_0: prompt_matmul<Q5_0>(xp, wp, op, M, K, N); break;
-      case Q8_0: prompt_matmul<Q8_0>(xp, wp, op, M, K, N); break;
-      case Q4_K: prompt_matmul<Q4_K>(xp, wp, op, M, K, N); break;
-      case Q6_K: prompt_matmul<Q6_K>(xp, wp, op, M, K, N); break;
+      case Q4_0: packed_product<Q4_0>(xp, wp, op, M, K, N, prompt); break;
+      case Q4_1: packed_product<Q4_1>(xp, wp, op, M, K, N, prompt); break;
+      case Q5_0: packed_product<Q5_0>(xp, wp, op, M, K, N, prompt); break;
+      case Q8_0: packed_product<Q8_0>(xp, wp, op, M, K, N, prompt); break;
+      case Q4_K: packed_product<Q4_K>(xp, wp, op, M, K, N, prompt); break;
+      case Q6_K: packed_product<Q6_K>(xp, wp, op, M, K, N, prompt); break;
     }
   shape.back() = N;
   return out.view(shape);
@@ -1092,8 +1079,8 @@ bool supported() { return __builtin_cpu_supports("avx2") && __builtin_cpu_suppor
 
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t in_features, bool int8,
                      bool prompt = false) {
-  if (prompt && takes_prompt_tiles(kind, in_features)) return linear_prompt(x, w, kind & ~kPackedFlag, in_features);
-  if (kind & kPackedFlag) return linear_packed(x, w, kind & ~kPackedFlag, in_features);
+  if (kind & kPackedFlag)
+    return linear_packed(x, w, kind & ~kPackedFlag, in_features, prompt && takes_prompt_tiles(kind, in_features));
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "quant.linear takes float32 activations");
   TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w: (N, blocks bytes) uint8");
   const int64_t K = in_features, per_block = block_weights(kind);
