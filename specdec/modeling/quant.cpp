@@ -985,16 +985,26 @@ template <int64_t KIND>
 void prompt_matmul(const float* xp, const uint8_t* w, float* out, int64_t M, int64_t K, int64_t N) {
   constexpr Format F = format_of(KIND);
   const int64_t blocks = N / PACKED_COLS, stride = K / F.G * group_bytes(F), Mp = (M + 15) / 16 * 16;
-  std::vector<uint16_t> wb(N * K), xb(Mp * K, 0);
+  // The bfloat16 copies live on between calls (a fresh few-MB buffer a call costs its page faults, as
+  // much as the dequantisation for a short prompt); every element is written before it is read.
+  // The worker threads take the caller's buffers through these pointers (a thread_local named inside the
+  // lambdas would be each worker's own).
+  static thread_local std::vector<uint16_t> w_buffer, x_buffer;
+  w_buffer.resize(std::max<size_t>(w_buffer.size(), N * K));
+  x_buffer.resize(std::max<size_t>(x_buffer.size(), Mp * K));
+  uint16_t* wb = w_buffer.data();
+  uint16_t* xb = x_buffer.data();
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t blk = b0; blk < b1; ++blk) dequant_block<KIND>(w + blk * stride, K / F.G, wb.data() + blk * K * 16);
+    for (int64_t blk = b0; blk < b1; ++blk) dequant_block<KIND>(w + blk * stride, K / F.G, wb + blk * K * 16);
   });
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) { round_rows_bf16(xp, m0, m1, K, xb.data()); });
-  const int64_t row_tiles = Mp / 16, chunk = std::max<int64_t>(2, 8192 / K);  // ~256 KB of rows a chunk
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) { round_rows_bf16(xp, m0, m1, K, xb); });
+  for (int64_t m = M; m < Mp; ++m)  // the last row tile's padding rows
+    for (int64_t k = 0; k < K; k += 32) std::memset(xb + ((m / 16) * (K / 32) + k / 32) * 512 + (m % 16) * 32, 0, 64);
+  const int64_t row_tiles = Mp / 16, chunk = std::max<int64_t>(2, 8192 / K / 2 * 2);  // ~256 KB of rows, pairs
   for (int64_t r0 = 0; r0 < row_tiles; r0 += chunk) {
     const int64_t r1 = std::min(row_tiles, r0 + chunk);
     at::parallel_for(0, (blocks + 1) / 2, 1, [&](int64_t p0, int64_t p1) {  // column blocks in pairs
-      prompt_tiles(xb.data(), wb.data(), out, M, K, N, r0, r1, 2 * p0, std::min(blocks, 2 * p1));
+      prompt_tiles(xb, wb, out, M, K, N, r0, r1, 2 * p0, std::min(blocks, 2 * p1));
     });
   }
 }

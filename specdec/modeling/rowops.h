@@ -224,9 +224,8 @@ struct QueryWork {
 // or has a tree's other branches between (masked out), so a tree's accepted path scores what plain
 // decoding scores, to the bit. Every number is a function of the query, its keys and its values alone
 // (eight keys' dot products at a time, each lane of the output summed over the keys in order), so a query
-// scores the same alone or in a block; the block only shares the keys and values: they are read in
-// chunks of ~32 KB that every query of the block uses while the chunk is in the core's first-level cache,
-// not streamed from further out once per query (a long prompt's queries are memory-bound otherwise).
+// scores the same alone or in a block; the block only shares the reads of keys and values, in chunks of
+// ~32 KB that each query of the block takes in turn.
 SPECDEC_AVX2 void attend_queries(const float* const* qs, const bool* const* allowed, float* const* outs, int nq,
                                  const float* keys, const float* values, int64_t count, int64_t hd, float scale,
                                  std::vector<QueryWork>& work) {
