@@ -980,6 +980,17 @@ SPECDEC_AMX_BF16 void prompt_tiles(const uint16_t* xb, const uint16_t* wb, float
   restore_tiles(outer);
 }
 
+// The calling thread's bfloat16 copies of a prompt product's matrix and rows, one pair for every block
+// type (a static in the template would be one pair per type).
+struct PromptBuffers {
+  std::vector<uint16_t> w, x;
+};
+
+PromptBuffers& prompt_buffers() {
+  static thread_local PromptBuffers buffers;
+  return buffers;
+}
+
 // out (M, N) = x (M, K) @ w.T for prompt rows: w packed (pack_int8), dequantised once for the call.
 template <int64_t KIND>
 void prompt_matmul(const float* xp, const uint8_t* w, float* out, int64_t M, int64_t K, int64_t N) {
@@ -989,11 +1000,11 @@ void prompt_matmul(const float* xp, const uint8_t* w, float* out, int64_t M, int
   // much as the dequantisation for a short prompt); every element is written before it is read.
   // The worker threads take the caller's buffers through these pointers (a thread_local named inside the
   // lambdas would be each worker's own).
-  static thread_local std::vector<uint16_t> w_buffer, x_buffer;
-  w_buffer.resize(std::max<size_t>(w_buffer.size(), N * K));
-  x_buffer.resize(std::max<size_t>(x_buffer.size(), Mp * K));
-  uint16_t* wb = w_buffer.data();
-  uint16_t* xb = x_buffer.data();
+  PromptBuffers& buffers = prompt_buffers();
+  buffers.w.resize(std::max<size_t>(buffers.w.size(), N * K));
+  buffers.x.resize(std::max<size_t>(buffers.x.size(), Mp * K));
+  uint16_t* wb = buffers.w.data();
+  uint16_t* xb = buffers.x.data();
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk) dequant_block<KIND>(w + blk * stride, K / F.G, wb + blk * K * 16);
   });
