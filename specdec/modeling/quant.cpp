@@ -68,6 +68,21 @@ int64_t block_bytes(int64_t kind) {
   TORCH_CHECK(false, "unsupported GGUF block type ", kind);
 }
 
+// f(std::integral_constant<int64_t, KIND>{}) for the block type `kind` names: the one place a run-time
+// kind becomes a template argument.
+template <typename F>
+void by_kind(int64_t kind, F&& f) {
+  switch (kind) {
+    case Q4_0: f(std::integral_constant<int64_t, Q4_0>{}); return;
+    case Q4_1: f(std::integral_constant<int64_t, Q4_1>{}); return;
+    case Q5_0: f(std::integral_constant<int64_t, Q5_0>{}); return;
+    case Q8_0: f(std::integral_constant<int64_t, Q8_0>{}); return;
+    case Q4_K: f(std::integral_constant<int64_t, Q4_K>{}); return;
+    case Q6_K: f(std::integral_constant<int64_t, Q6_K>{}); return;
+  }
+  TORCH_CHECK(false, "unsupported GGUF block type ", kind);
+}
+
 SPECDEC_AVX2 inline float half(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
@@ -591,15 +606,10 @@ torch::Tensor pack_int8(torch::Tensor w, int64_t kind, int64_t K) {
   const uint8_t* wp = w.data_ptr<uint8_t>();
   uint8_t* op = out.data_ptr<uint8_t>();
   const int64_t stride = out.size(1);
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) switch (kind) {
-        case Q4_0: pack_block<Q4_0>(wp, row_bytes, K, b, op + b * stride); break;
-        case Q4_1: pack_block<Q4_1>(wp, row_bytes, K, b, op + b * stride); break;
-        case Q5_0: pack_block<Q5_0>(wp, row_bytes, K, b, op + b * stride); break;
-        case Q8_0: pack_block<Q8_0>(wp, row_bytes, K, b, op + b * stride); break;
-        case Q4_K: pack_block<Q4_K>(wp, row_bytes, K, b, op + b * stride); break;
-        case Q6_K: pack_block<Q6_K>(wp, row_bytes, K, b, op + b * stride); break;
-      }
+  by_kind(kind, [&](auto k) {
+    at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) pack_block<k()>(wp, row_bytes, K, b, op + b * stride);
+    });
   });
   return out;
 }
@@ -1047,16 +1057,6 @@ bool packed_supported() {
          __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
 }
 
-// x @ w.T with w in pack_int8's layout (N = 16 w.size(0)).
-template <int64_t KIND>
-void packed_product(const float* xp, const uint8_t* wp, float* op, int64_t M, int64_t K, int64_t N, bool prompt) {
-  if (prompt) {
-    prompt_matmul<KIND>(xp, wp, op, M, K, N);
-  } else {
-    packed_matmul<KIND>(xp, wp, op, M, K, N);
-  }
-}
-
 // x @ w.T on pack_int8's layout: int8 activations (packed_matmul), or for prompt rows the bfloat16 tiles
 // (prompt_matmul: K a multiple of 32, AMX-BF16).
 torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& w, int64_t kind, int64_t K, bool prompt) {
@@ -1074,14 +1074,13 @@ torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& w, int6
   const float* xp = x2.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
-  if (M > 0) switch (kind) {
-      case Q4_0: packed_product<Q4_0>(xp, wp, op, M, K, N, prompt); break;
-      case Q4_1: packed_product<Q4_1>(xp, wp, op, M, K, N, prompt); break;
-      case Q5_0: packed_product<Q5_0>(xp, wp, op, M, K, N, prompt); break;
-      case Q8_0: packed_product<Q8_0>(xp, wp, op, M, K, N, prompt); break;
-      case Q4_K: packed_product<Q4_K>(xp, wp, op, M, K, N, prompt); break;
-      case Q6_K: packed_product<Q6_K>(xp, wp, op, M, K, N, prompt); break;
-    }
+  if (M > 0) by_kind(kind, [&](auto k) {
+      if (prompt) {
+        prompt_matmul<k()>(xp, wp, op, M, K, N);
+      } else {
+        packed_matmul<k()>(xp, wp, op, M, K, N);
+      }
+    });
   shape.back() = N;
   return out.view(shape);
 }
@@ -1116,15 +1115,7 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t in_
   const float* xp = x2.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
-  switch (kind) {
-    case Q4_0: matmul<Q4_0>(xp, wp, op, M, K, N, int8); break;
-    case Q4_1: matmul<Q4_1>(xp, wp, op, M, K, N, int8); break;
-    case Q5_0: matmul<Q5_0>(xp, wp, op, M, K, N, int8); break;
-    case Q4_K: matmul<Q4_K>(xp, wp, op, M, K, N, int8); break;
-    case Q6_K: matmul<Q6_K>(xp, wp, op, M, K, N, int8); break;
-    case Q8_0: matmul<Q8_0>(xp, wp, op, M, K, N, int8); break;
-    default: TORCH_CHECK(false, "unsupported GGUF block type ", kind);
-  }
+  by_kind(kind, [&](auto k) { matmul<k()>(xp, wp, op, M, K, N, int8); });
   shape.back() = N;
   return out.view(shape);
 }
