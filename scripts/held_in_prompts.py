@@ -29,7 +29,7 @@ def held_in(recipes: list[DataRecipe], per_task: int, seed: int) -> list[dict]:
         pairs = recipe.prompts_text()
         sequences += [(number, i, *pairs[i], recipe.temperatures[k])
                       for i, k in sequence_order(len(pairs), len(recipe.temperatures))]
-    held_out = set(held_out_sequences(len(sequences)))
+    held_out = set(held_out_sequences([(number, i) for number, i, *_ in sequences]))
     kept = sorted(row for s, row in enumerate(sequences) if s not in held_out)  # in prompt order
     rows = [{"task": task, "prompt": text, "answered_at": temperature} for _, _, task, text, temperature in kept]
     rng = random.Random(f"held-in:{seed}")

@@ -23,9 +23,10 @@ BUILTIN_TARGETS = ("smollm2-135m", "gemma3-270m")
 BACKENDS = ("auto", "lean", "transformers")
 """The forward passes a target can run on (specdec.backends.make_backend)."""
 DRAFTER_KINDS = ("auto", "prompt-lookup", "prompt-lookup-tree", "suffix", "ngram", "ngram-tree", "model", "self-q4",
-                 "trained", "trained-tree", "none")
+                 "trained", "trained-tree", "lookup-else-trained", "none")
 DRAFTER_SYNTAX = ("auto, prompt-lookup, prompt-lookup-tree, suffix, ngram[:TABLE.npz], ngram-tree[:TABLE.npz], "
-                  "model:NAME_OR_DIR, self-q4, trained[:DIR], trained-tree[:DIR], none, or a trained drafter's directory")
+                  "model:NAME_OR_DIR, self-q4, trained[:DIR], trained-tree[:DIR], lookup-else-trained[:DIR], none, "
+                  "or a trained drafter's directory")
 """How a drafter is named everywhere (CLI, API, server, bench): KIND or KIND:ARGUMENT."""
 
 WEIGHTS = ("auto", "gguf", "gguf-int8", "float")

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from ..drafters.nets import KINDS
     from ..drafters.trained import is_trained_drafter, save_drafter
     from ..models import load_model
-    from ..training.data import DataRecipe, DistillData, build_data
+    from ..training.data import DataRecipe, DistillData, data_files, sequence_count
     from ..training.train import SIZES, TrainRecipe, aux_layers_for, train
 
     out = Path(args.out)
@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError("--vocab must be at least 2, --prompts and the --max-new-tokens options at least 1")
     if args.chat_prompts < 0:
         raise SpecdecError("--chat-prompts must be 0 or more")
+    if args.chat_samples < 1:
+        raise SpecdecError("--chat-samples must be at least 1 (answers to each chat question)")
     if args.unroll < 1:
         raise SpecdecError("--unroll must be at least 1 (the draft steps trained on)")
     size = SIZES[args.size] if args.kind == "draft-lm" else dict(layers=1, ffn=1536)
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.chat_prompts:  # short prompts: twice the rows per batch
         recipes.append(DataRecipe(prompts=args.chat_prompts, max_new_tokens=args.chat_max_new_tokens,
                                   seed=args.data_seed, batch=args.data_batch * 2, mix="chat", aux_layers=aux,
-                                  sampler=args.sampler))
+                                  sampler=args.sampler, samples=args.chat_samples))
     backend = None
     if args.sampler == "engine":  # the backend generation runs on (the GGUF blocks where they run)
         from ..backends.lean import target_backend
@@ -84,12 +86,19 @@ def run(args: argparse.Namespace) -> int:
 
         start = read_net(args.init, target)
         recipe.vocab_size = start.vocab.numel()
-    data = DistillData.concat([build_data(target, r, log, backend) for r in recipes])
-    net = train(target, data, recipe, log, start=start)
+    files = [data_files(target, r, log, backend) for r in recipes]
+    # read together, not concatenated: millions of positions' features are never held twice
+    data = DistillData.load([f for fs in files for f in fs], features=args.kind != "eagle3")
+    sets, at = {}, 0
+    for name, fs in zip(("tasks", "chat"), files):
+        count = sum(sequence_count(f) for f in fs)
+        sets[name], at = range(at, at + count), at + count
+    net = train(target, data, recipe, log, start=start, sets=sets)
     if earlier is not None:
         net.config.recipe["continued_from"] = {"path": str(args.init), "recipe": earlier.recipe}
     net.config.recipe["data"] = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "seed": args.data_seed,
                                  "chat_prompts": args.chat_prompts, "chat_max_new_tokens": args.chat_max_new_tokens,
+                                 "chat_samples": args.chat_samples, "answer_tokens": int(data.token_counts.sum()),
                                  "positions": int(data.tokens.numel()),
                                  "sampled_on": backend.path if backend is not None else "transformers"}
     save_drafter(net, out)
@@ -131,8 +140,11 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, help="answer length (default: %(default)s)")
     p.add_argument("--chat-prompts", type=int, default=0,
                    help="also answer this many everyday chat questions at length (a second cached data set; "
-                        "up to ~900 distinct; default: %(default)s)")
+                        "up to ~2900 distinct; default: %(default)s)")
     p.add_argument("--chat-max-new-tokens", type=int, default=192, help="their answer length (default: %(default)s)")
+    p.add_argument("--chat-samples", type=int, default=1,
+                   help="answers to each chat question: one at the rotation's temperature (0 or 1), the others "
+                        "further draws at temperature 1 (default: %(default)s)")
     p.add_argument("--data-batch", type=int, default=32, help="prompts sampled together (default: %(default)s)")
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--sampler", default="engine", choices=("engine", "transformers"),

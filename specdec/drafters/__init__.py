@@ -10,14 +10,14 @@ from .base import Drafter, Proposal
 from .model import ModelDrafter
 from .ngram import NGramDrafter, NGramTable, NGramTreeDrafter
 from .prompt_lookup import AutoPromptLookup, PromptLookupDrafter, PromptLookupTreeDrafter
-from .routed import ByTemperature
+from .routed import ByTemperature, LookupElseTrained
 from .suffix import SequenceHistory, SuffixDrafter
 from .trained import is_drafter_directory, is_trained_drafter, load_trained_drafter
 
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "drafters"
 
-__all__ = ["AutoPromptLookup", "Drafter", "Proposal", "ByTemperature", "ModelDrafter", "NGramDrafter", "NGramTable",
-           "NGramTreeDrafter",
+__all__ = ["AutoPromptLookup", "Drafter", "Proposal", "ByTemperature", "LookupElseTrained", "ModelDrafter",
+           "NGramDrafter", "NGramTable", "NGramTreeDrafter",
            "PromptLookupDrafter", "PromptLookupTreeDrafter", "SequenceHistory", "SuffixDrafter", "DRAFTER_KINDS",
            "DRAFTER_SYNTAX", "build_drafter", "check_same_tokenizer", "parse_drafter", "shipped_drafter", "target_weights"]
 
@@ -114,11 +114,13 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
         # int8 activations: drafting is one row at a time, where they are fastest (quant.cpp)
         return ModelDrafter(make_backend(target.model, "lean", gguf=gguf, int8_activations=True), target_width,
                             label="self-q4")
-    if kind in ("trained", "trained-tree"):
+    if kind in ("trained", "trained-tree", "lookup-else-trained"):
         draft = draft or shipped_drafter(target.name)
         if not draft:
             raise SpecdecError(f"no trained drafter ships for {target.name!r}: give its directory, {kind}:DIR "
                                "(make one with `specdec train-drafter`)")
+        if kind == "lookup-else-trained":  # prompt lookup where the context repeats, the trained drafter elsewhere
+            return LookupElseTrained(AutoPromptLookup(), load_trained_drafter(draft, target))
         return load_trained_drafter(draft, target, tree=kind == "trained-tree")
     if is_drafter_directory(kind):
         return load_trained_drafter(kind, target)

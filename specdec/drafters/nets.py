@@ -306,7 +306,9 @@ class DraftNet(nn.Module):
     # -- what the feature-reading drafters call, whatever the kind ----------------------------
 
     def features_in(self, features: torch.Tensor) -> torch.Tensor:
-        """The target's recorded features as the net's first input: eagle3's fc, else themselves."""
+        """The target's recorded features as the net's first input: eagle3's fc, else themselves
+        (in the net's dtype, which may differ from the target's: load_net)."""
+        features = features.to(self.head.dtype)
         if self.config.kind != "eagle3":
             return features
         return self._dense(self.fc, features, self.decoder())

@@ -155,17 +155,29 @@ def load_state(net: DraftNet, state: dict[str, torch.Tensor], where) -> DraftNet
 
 def load_net(directory: str | Path, target) -> DraftNet:
     """The drafter's network for `target` (a LoadedModel), in the target's dtype and device, on the
-    bf16 kernels or pre-packed for oneDNN where those apply."""
+    bf16 kernels or pre-packed for oneDNN where those apply.
+
+    An eagle or eagle3 net for a built-in target loaded in float32 (its GGUF blocks' activations,
+    `--dtype auto` on CPUs with AVX-512 VNNI) drafts in bfloat16 on kernels.cpp where that runs: one
+    row is memory-bound, and float32 weights on oneDNN read twice the bytes (the draft step cost
+    0.4-0.7 of a target step on the blocks). Exactness does not depend on the draft's numbers: the
+    verifier uses the q the tokens were drawn from; the target's float32 features are rounded to
+    bfloat16 where the net reads them (DraftNet.features_in)."""
     from ..modeling import kernels
     from ..modeling.packing import can_pack
 
     device = target.model.device
-    net = read_net(directory, target).to(device=device, dtype=target.dtype).eval()
-    if device.type == "cpu" and target.dtype in (torch.bfloat16, torch.float32):
-        kern = kernels.load() if target.dtype == torch.bfloat16 else None
+    dtype = target.dtype
+    net = read_net(directory, target)
+    if (device.type == "cpu" and dtype == torch.float32 and getattr(target, "gguf", None) is not None
+            and net.config.kind in ("eagle", "eagle3") and kernels.load() is not None):
+        dtype = torch.bfloat16
+    net = net.to(device=device, dtype=dtype).eval()
+    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float32):
+        kern = kernels.load() if dtype == torch.bfloat16 else None
         if kern is not None:
             net.use_kernels(kern)
-        elif can_pack(target.dtype):
+        elif can_pack(dtype):
             net.pack()
     return net
 

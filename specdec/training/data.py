@@ -38,6 +38,11 @@ from ..prompts import CHAT_QUESTIONS
 from .topics import open_questions
 
 SAMPLERS = ("engine", "transformers")
+CHUNK_SEQUENCES = 2048
+"""A recipe of more sequences is sampled and cached in chunks of this many: a chunk's records are
+the most held in memory while sampling, and an interrupted run resumes at the chunk it was in."""
+_SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I32": torch.int32,
+                       "I64": torch.int64}
 
 
 @dataclass
@@ -55,6 +60,10 @@ class DataRecipe:
     sampler: str = "transformers"
     """"transformers": sample with transformers' model, then a teacher-forced pass; "engine": sample
     and record in the same passes on the backend specdec generates with (training.fused)."""
+    samples: int = 1
+    """Answers per prompt: the first at the temperatures' rotation, the others at the last (highest)
+    temperature, i.e. further draws from p for the same question (more data from a bounded set of
+    prompts; training holds out by prompt, so no held-out question is also trained on)."""
 
     def key(self, identity: dict, dtype: torch.dtype, path: str = "transformers") -> str:
         """The cache key; `path`: the numeric path the engine sampler ran on (its numbers are that path's)."""
@@ -65,6 +74,8 @@ class DataRecipe:
             del recipe["aux_layers"]
         else:
             recipe["aux_layers"] = list(recipe["aux_layers"])
+        if recipe["samples"] == 1:  # nor data of one answer a prompt
+            del recipe["samples"]
         if recipe["sampler"] == "transformers":  # nor data from the sampler that came first
             del recipe["sampler"]
         else:
@@ -119,7 +130,7 @@ class DistillData:
     tokens: torch.Tensor  # (N,) int64, all sequences concatenated
     offsets: torch.Tensor  # (S + 1,) sequence boundaries
     prompt_lengths: torch.Tensor  # (S,)
-    features: torch.Tensor  # (N, d) bfloat16
+    features: torch.Tensor | None  # (N, d) bfloat16 (None: read without them, DistillData.load)
     topk_ids: torch.Tensor  # (N, K) int64
     topk_probs: torch.Tensor  # (N, K) float32
     token_counts: torch.Tensor  # (V,) how often each id occurs in the answers
@@ -139,12 +150,43 @@ class DistillData:
         tmp.replace(path)
 
     @staticmethod
-    def load(path: Path) -> DistillData:
-        from safetensors.torch import load_file
+    def load(path: Path | list[Path], features: bool = True) -> DistillData:
+        """The data saved at `path`, or the sequences of several files in order, read one tensor at a
+        time into tensors of the whole (a few GB of features are never held twice); `features`:
+        False leaves the final-norm features out (None)."""
+        from contextlib import ExitStack
 
-        t = load_file(str(path))
-        return DistillData(t["tokens"].long(), t["offsets"], t["prompt_lengths"].long(), t["features"],
-                           t["topk_ids"].long(), t["topk_probs"].float(), t["token_counts"], t.get("aux"))
+        from safetensors import safe_open
+
+        paths = [path] if isinstance(path, (str, Path)) else list(path)
+        with ExitStack() as stack:
+            files = [stack.enter_context(safe_open(str(p), framework="pt")) for p in paths]
+            return DistillData._read(files, features)
+
+    @staticmethod
+    def _read(files: list, features: bool) -> DistillData:
+        kinds = {"tokens": torch.long, "prompt_lengths": torch.long, "features": None, "topk_ids": torch.long,
+                 "topk_probs": torch.float32, "aux": None}
+        has_aux = all("aux" in f.keys() for f in files)
+        whole = {}
+        for name, dtype in kinds.items():
+            if name == "aux" and not has_aux or name == "features" and not features:
+                continue
+            shapes = [f.get_slice(name).get_shape() for f in files]
+            first = files[0].get_slice(name)
+            out = torch.empty([sum(s[0] for s in shapes), *shapes[0][1:]],
+                              dtype=dtype or _SAFETENSORS_DTYPES[first.get_dtype()])
+            at = 0
+            for f, shape in zip(files, shapes):
+                out[at : at + shape[0]] = f.get_tensor(name)
+                at += shape[0]
+            whole[name] = out
+        offsets = [files[0].get_tensor("offsets")]
+        for f in files[1:]:
+            offsets.append(f.get_tensor("offsets")[1:] + offsets[-1][-1])
+        counts = sum(f.get_tensor("token_counts") for f in files)
+        return DistillData(whole["tokens"], torch.cat(offsets), whole["prompt_lengths"], whole.get("features"),
+                           whole["topk_ids"], whole["topk_probs"], counts, whole.get("aux"))
 
     @staticmethod
     def concat(parts: list[DistillData]) -> DistillData:
@@ -154,8 +196,9 @@ class DistillData:
         starts = torch.tensor([0] + [int(p.offsets[-1]) for p in parts[:-1]]).cumsum(0)
         offsets = torch.cat([parts[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(parts, starts)])
         aux = torch.cat([p.aux for p in parts]) if all(p.aux is not None for p in parts) else None
+        features = torch.cat([p.features for p in parts]) if all(p.features is not None for p in parts) else None
         return DistillData(torch.cat([p.tokens for p in parts]), offsets, torch.cat([p.prompt_lengths for p in parts]),
-                           torch.cat([p.features for p in parts]), torch.cat([p.topk_ids for p in parts]),
+                           features, torch.cat([p.topk_ids for p in parts]),
                            torch.cat([p.topk_probs for p in parts]), sum(p.token_counts for p in parts), aux)
 
     @staticmethod
@@ -261,16 +304,17 @@ def _teacher(model, sequences: list[list[int]], topk: int, batch: int, progress,
             torch.cat(aux_out) if aux_layers else None)
 
 
-def _engine_data(target, backend, recipe: DataRecipe) -> DistillData:
-    """The recipe's data sampled and recorded in the engine's own passes (training.fused)."""
+def _engine_data(target, backend, recipe: DataRecipe, ordered: list[list[int]], groups: list[int],
+                 seed: int) -> DistillData:
+    """Data of these prompts, answered at these temperature indices, sampled and recorded in the
+    engine's own passes (training.fused)."""
     from tqdm import tqdm
 
     from .fused import sample_and_record
 
-    ordered, groups = _ordered_prompts(target, recipe)
     layers = tuple(recipe.aux_layers)
     final = target.model.config.get_text_config().num_hidden_layers  # "layer N": the final-norm features
-    generator = torch.Generator().manual_seed(recipe.seed)
+    generator = torch.Generator().manual_seed(seed)
     with tqdm(total=len(ordered), desc=f"sampling and recording ({backend.path})", unit="prompt",
               file=sys.stderr) as bar:
         records = sample_and_record(backend, ordered, [recipe.temperatures[k] for k in groups],
@@ -289,20 +333,39 @@ def _ordered_prompts(target, recipe: DataRecipe) -> tuple[list[list[int]], list[
     """The recipe's prompts as token ids in the data's sequence order (sequence_order), and the index
     of the temperature each is answered at."""
     prompts = [target.encode(text)[-recipe.max_prompt_tokens :] for _, text in recipe.prompts_text()]
-    order = sequence_order(len(prompts), len(recipe.temperatures))
+    order = sequence_order(len(prompts), len(recipe.temperatures), recipe.samples)
     return [prompts[i] for i, _ in order], [k for _, k in order]
 
 
-def sequence_order(prompts: int, temperatures: int) -> list[tuple[int, int]]:
+def sequence_order(prompts: int, temperatures: int, samples: int = 1) -> list[tuple[int, int]]:
     """(prompt index, temperature index) of each sequence of a data set, in its order: prompt i is
-    answered at temperature i mod `temperatures`, and the prompts of one temperature come together."""
-    return [(i, k) for k in range(temperatures) for i in range(k, prompts, temperatures)]
+    answered at temperature i mod `temperatures`, and the prompts of one temperature come together;
+    with `samples` > 1, every prompt is then answered samples − 1 more times at the last temperature
+    (after the sequences of that temperature, so they still come together)."""
+    first = [(i, k) for k in range(temperatures) for i in range(k, prompts, temperatures)]
+    return first + [(i, temperatures - 1) for _ in range(samples - 1) for i in range(prompts)]
 
 
-def build_data(target, recipe: DataRecipe, log=print, backend=None) -> DistillData:
+def build_data(target, recipe: DataRecipe, log=print, backend=None, features: bool = True) -> DistillData:
     """Sample the target (a LoadedModel) and record its teacher signal; cached by target, recipe and
     (engine sampler) the backend's numeric path. backend: what the engine sampler runs on (default:
-    the target's backend as generation would choose it, backends.lean.target_backend)."""
+    the target's backend as generation would choose it, backends.lean.target_backend). features:
+    False leaves out the final-norm features (eagle3 does not read them: a fifth of the memory)."""
+    return DistillData.load(data_files(target, recipe, log, backend), features=features)
+
+
+def sequence_count(path: Path) -> int:
+    """The sequences a data file holds (read from its header)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return f.get_slice("offsets").get_shape()[0] - 1
+
+
+def data_files(target, recipe: DataRecipe, log=print, backend=None) -> list[Path]:
+    """The cache files that hold the recipe's data (build_data), sampling what is not cached yet: one
+    file, or one a chunk of CHUNK_SEQUENCES sequences in order. Several recipes' files read together
+    (DistillData.load) are their data concatenated."""
     from tqdm import tqdm
 
     if recipe.sampler not in SAMPLERS:
@@ -317,7 +380,17 @@ def build_data(target, recipe: DataRecipe, log=print, backend=None) -> DistillDa
     path = folder / f"{stem}-{recipe.key(identity, target.dtype, numeric_path)}.safetensors"
     if path.is_file():
         log(f"distillation data: {path} (cached)")
-        return DistillData.load(path)
+        return [path]
+
+    def part_path(c: int, count: int) -> Path:
+        return path.with_name(f"{path.stem}.part{c + 1}of{count}.safetensors")
+
+    found = list(folder.glob(f"{path.stem}.part*of*.safetensors"))
+    if found:
+        count = int(found[0].stem.rsplit("of", 1)[1])
+        if all(part_path(c, count).is_file() for c in range(count)):
+            log(f"distillation data: {count} chunks {path.stem}.part*.safetensors (cached)")
+            return [part_path(c, count) for c in range(count)]
     plain = folder / f"{stem}-{replace(recipe, aux_layers=()).key(identity, target.dtype)}.safetensors"
     if recipe.sampler == "transformers" and recipe.aux_layers and plain.is_file():
         # the same answers without aux features: one teacher pass adds them
@@ -327,23 +400,42 @@ def build_data(target, recipe: DataRecipe, log=print, backend=None) -> DistillDa
                                     bar.update, recipe.aux_layers)
         data.save(path)
         log(f"distillation data: {plain} + aux features of layers {list(recipe.aux_layers)} -> {path}")
-        return data
+        return [path]
     start = time.perf_counter()
-    data = _engine_data(target, backend, recipe) if recipe.sampler == "engine" else _transformers_data(target, recipe)
-    data.save(path)
-    seconds, answers = time.perf_counter() - start, int(data.token_counts.sum())
-    log(f"distillation data: {data.sequences} sequences, {data.tokens.numel()} positions, {answers} answer tokens "
-        f"in {seconds:.0f} s ({answers / max(seconds, 1e-9) * 3600:,.0f} an hour, on {numeric_path}) -> {path}")
-    return data
+    ordered, groups = _ordered_prompts(target, recipe)
+    chunks = list(range(0, len(ordered), CHUNK_SEQUENCES))
+    files = [path] if len(chunks) == 1 else [part_path(c, len(chunks)) for c in range(len(chunks))]
+    sequences = positions = answers = 0
+    for c, (lo, file) in enumerate(zip(chunks, files)):
+        if file.is_file():
+            log(f"distillation data: chunk {c + 1} of {len(chunks)} cached ({file})")
+            continue
+        if len(chunks) > 1:
+            log(f"distillation data: chunk {c + 1} of {len(chunks)}")
+        hi, seed = lo + CHUNK_SEQUENCES, recipe.seed + 1_000_003 * c
+        if recipe.sampler == "engine":
+            data = _engine_data(target, backend, recipe, ordered[lo:hi], groups[lo:hi], seed)
+        else:
+            data = _transformers_data(target, recipe, ordered[lo:hi], groups[lo:hi], seed)
+        data.save(file)
+        sequences, positions = sequences + data.sequences, positions + data.tokens.numel()
+        answers += int(data.token_counts.sum())
+        del data  # a chunk's records are the most held at once
+    seconds = time.perf_counter() - start
+    log(f"distillation data: {sequences} sequences, {positions} positions, {answers} answer tokens sampled "
+        f"in {seconds:.0f} s ({answers / max(seconds, 1e-9) * 3600:,.0f} an hour, on {numeric_path}) -> "
+        f"{path if len(files) == 1 else path.stem + '.part*'}")
+    return files
 
 
-def _transformers_data(target, recipe: DataRecipe) -> DistillData:
-    """The recipe's data sampled with transformers' model, then one teacher-forced pass."""
+def _transformers_data(target, recipe: DataRecipe, ordered: list[list[int]], groups: list[int],
+                       seed: int) -> DistillData:
+    """Data of these prompts, answered at these temperature indices with transformers' model, then
+    one teacher-forced pass."""
     from tqdm import tqdm
 
     model, tokenizer, eos = target.model, target.tokenizer, target.eos_token_ids
-    ordered, groups = _ordered_prompts(target, recipe)
-    torch.manual_seed(recipe.seed)
+    torch.manual_seed(seed)
     answers: list[list[int]] = []
     with tqdm(total=len(ordered), desc="sampling the target", unit="prompt", file=sys.stderr) as bar:
         for k, temperature in enumerate(recipe.temperatures):  # the sequences of one temperature come together

@@ -115,9 +115,11 @@ class Windows:
         index = torch.stack(positions)  # (B, W)
         valid = torch.stack(valid)
         answer = self.answer[index] & valid
-        out = {"tokens": data.tokens[index], "features": data.features[index].float(), "topk_ids": data.topk_ids[index],
+        out = {"tokens": data.tokens[index], "topk_ids": data.topk_ids[index],
                "topk_probs": data.topk_probs[index], "valid": valid, "answer": answer,
                "weight": torch.where(answer, 1.0, self.prompt_weight) * valid}
+        if data.features is not None:
+            out["features"] = data.features[index].float()
         if data.aux is not None:
             out["aux"] = data.aux[index].float()
         return out
@@ -189,9 +191,39 @@ class Objective:
     @torch.no_grad()
     def measure(self, b: dict) -> tuple[float, float]:
         """Agreement at the first draft position, on answer positions."""
-        logits, at, _ = self._outputs(b)[0]
-        answers = b["answer"][:, at].float()
-        return agreement(logits, b["topk_ids"][:, at], b["topk_probs"][:, at], self.to_draft, self.net.vocab, answers)
+        return self.measure_steps(b)[0][1:]
+
+    @torch.no_grad()
+    def measure_steps(self, b: dict) -> list[tuple[int, float, float]]:
+        """(answer positions, α at T=0, Σmin(p,q) at T=1) at each draft position the kind trains
+        (the first alone for draft-lm): position k drafts on the target's tokens before it and,
+        for eagle and eagle3, the drafter's own outputs of positions 1..k-1 (training-time test)."""
+        out = []
+        for logits, at, _ in self._outputs(b):
+            answers = b["answer"][:, at].float()
+            out.append((int(answers.sum()), *agreement(logits, b["topk_ids"][:, at], b["topk_probs"][:, at],
+                                                       self.to_draft, self.net.vocab, answers)))
+        return out
+
+
+def held_out_agreement(objective: Objective, windows: Windows, count: int = 256, batch: int = 16) -> dict:
+    """Agreement per draft position on the answers of up to `count` of `windows`' sequences (the
+    window that ends each one), weighted by answer positions: {"sequences", "positions",
+    "alpha_t0": [per position], "alpha_t1": [...]}."""
+    n = len(windows.sequences)
+    picks = torch.linspace(0, n - 1, min(n, count)).round().long().unique().tolist()
+    totals: list[list[float]] = []
+    objective.net.eval()
+    for lo in range(0, len(picks), batch):
+        for k, (positions, a0, a1) in enumerate(objective.measure_steps(windows.batch(0, fixed=picks[lo : lo + batch]))):
+            if len(totals) <= k:
+                totals.append([0, 0.0, 0.0])
+            totals[k][0] += positions
+            totals[k][1] += a0 * positions
+            totals[k][2] += a1 * positions
+    return {"sequences": len(picks), "positions": int(totals[0][0]) if totals else 0,
+            "alpha_t0": [round(t[1] / max(t[0], 1), 4) for t in totals],
+            "alpha_t1": [round(t[2] / max(t[0], 1), 4) for t in totals]}
 
 
 def init_from_target(net: DraftNet, model) -> bool:
@@ -247,17 +279,31 @@ def make_config(recipe: TrainRecipe, target) -> DraftConfig:
                        target=target_identity(target))
 
 
-def held_out_sequences(count: int) -> list[int]:
-    """The sequences training holds out to measure on: every 20th from the 10th (across concatenated
-    data sets), or the last one of a very small set."""
-    return list(range(10, count, 20)) or [count - 1]
+def held_out_sequences(prompts: list) -> list[int]:
+    """The sequences training holds out to measure on, given each sequence's prompt (anything that
+    compares equal for the same prompt): those of every 20th distinct prompt from the 10th, in order
+    of first appearance across concatenated data sets (every 20th sequence when no prompt repeats),
+    or the last sequence of a very small set. A prompt answered several times is held out whole, so
+    the measure is on questions training never saw."""
+    number: dict = {}
+    for prompt in prompts:
+        number.setdefault(prompt, len(number))
+    held = [s for s, prompt in enumerate(prompts) if number[prompt] % 20 == 10]
+    return held or [len(prompts) - 1]
+
+
+def sequence_prompts(data: DistillData) -> list[tuple[int, ...]]:
+    """Each sequence's prompt token ids."""
+    starts = data.offsets[:-1].tolist()
+    return [tuple(data.tokens[a : a + n].tolist()) for a, n in zip(starts, data.prompt_lengths.tolist())]
 
 
 def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: bool = True,
-          start: DraftNet | None = None) -> DraftNet:
+          start: DraftNet | None = None, sets: dict[str, range] | None = None) -> DraftNet:
     """Train a drafter of `recipe.kind` for `target` (a LoadedModel) on `data`; returns it in float32.
     `start`: a saved drafter of the same kind and sizes to continue from (`drafters.trained.read_net`;
-    its draft vocabulary is kept)."""
+    its draft vocabulary is kept). `sets`: named ranges of sequences (the data sets concatenated):
+    the held-out agreement per draft position is measured on each at the end (recipe["held_out"])."""
     from tqdm import tqdm
 
     torch.manual_seed(recipe.seed)
@@ -282,14 +328,17 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
         f"({covered:.1%} of the target's probability mass){', layers from the target' if initialised else ''}"
         f"{', continuing from a saved drafter' if start is not None else ''}")
 
-    held_out = held_out_sequences(data.sequences)
+    held_out = held_out_sequences(sequence_prompts(data))
     taken = set(held_out)
     train_windows = Windows(data, [s for s in range(data.sequences) if s not in taken], recipe.window, recipe.seed,
                             recipe.prompt_weight)
     eval_windows = Windows(data, held_out, recipe.window, recipe.seed + 1, recipe.prompt_weight)
     picks = torch.linspace(0, len(held_out) - 1, min(len(held_out), 64)).round().long().unique().tolist()
     eval_batch = eval_windows.batch(0, fixed=picks)
-    feature_rms = float(data.features[: 100_000].float().pow(2).mean().sqrt())
+    if data.features is None and net.config.kind != "eagle3":
+        raise SpecdecError(f"{net.config.kind} learns from the target's final-norm features, and the data was read "
+                           "without them: read it with DistillData.load(..., features=True)")
+    feature_rms = float(data.features[: 100_000].float().pow(2).mean().sqrt()) if data.features is not None else 1.0
     objective = Objective(net, feature_rms, recipe.unroll)
     optimizer = torch.optim.AdamW(trainable, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
 
@@ -334,10 +383,20 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
     net.eval()
     alpha0, alpha1 = objective.measure(eval_batch)
     history.append({"step": step, "loss": smooth, "alpha_t0": alpha0, "alpha_t1": alpha1})
+    seconds = round(time.perf_counter() - start, 1)
+    by_set = {}
+    for name, members in (sets or {"all": range(data.sequences)}).items():
+        inside = [h for h in held_out if h in members]
+        if inside:
+            by_set[name] = held_out_agreement(objective, Windows(data, inside, recipe.window, recipe.seed + 1,
+                                                                 recipe.prompt_weight))
+            log(f"{recipe.kind}: held-out {name} ({by_set[name]['sequences']} sequences, {by_set[name]['positions']} "
+                f"answer positions): α (T=0) by draft position {by_set[name]['alpha_t0']}, Σmin(p,q) (T=1) "
+                f"{by_set[name]['alpha_t1']}")
     net.config.recipe = {**asdict(recipe), "trained_parameters": size, "vocab_mass_covered": covered,
-                         "steps_done": step, "seconds": round(time.perf_counter() - start, 1),
+                         "steps_done": step, "seconds": seconds,
                          "first_loss": first_loss, "final_loss": smooth, "initialised_from_target": initialised,
-                         "history": history}
-    log(f"{recipe.kind}: {step} steps in {time.perf_counter() - start:.0f} s, loss {first_loss:.3f} -> {smooth:.3f}, "
+                         "history": history, "held_out": by_set}
+    log(f"{recipe.kind}: {step} steps in {seconds:.0f} s, loss {first_loss:.3f} -> {smooth:.3f}, "
         f"held-out α (T=0) {alpha0:.3f}, Σmin(p,q) (T=1) {alpha1:.3f}")
     return net
