@@ -41,8 +41,6 @@ SAMPLERS = ("engine", "transformers")
 CHUNK_SEQUENCES = 2048
 """A recipe of more sequences is sampled and cached in chunks of this many: a chunk's records are
 the most held in memory while sampling, and an interrupted run resumes at the chunk it was in."""
-_SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I32": torch.int32,
-                       "I64": torch.int64}
 
 
 @dataclass
@@ -173,9 +171,8 @@ class DistillData:
             if name == "aux" and not has_aux or name == "features" and not features:
                 continue
             shapes = [f.get_slice(name).get_shape() for f in files]
-            first = files[0].get_slice(name)
             out = torch.empty([sum(s[0] for s in shapes), *shapes[0][1:]],
-                              dtype=dtype or _SAFETENSORS_DTYPES[first.get_dtype()])
+                              dtype=dtype or files[0].get_slice(name)[:0].dtype)  # None: as stored
             at = 0
             for f, shape in zip(files, shapes):
                 out[at : at + shape[0]] = f.get_tensor(name)
@@ -346,12 +343,11 @@ def sequence_order(prompts: int, temperatures: int, samples: int = 1) -> list[tu
     return first + [(i, temperatures - 1) for _ in range(samples - 1) for i in range(prompts)]
 
 
-def build_data(target, recipe: DataRecipe, log=print, backend=None, features: bool = True) -> DistillData:
+def build_data(target, recipe: DataRecipe, log=print, backend=None) -> DistillData:
     """Sample the target (a LoadedModel) and record its teacher signal; cached by target, recipe and
     (engine sampler) the backend's numeric path. backend: what the engine sampler runs on (default:
-    the target's backend as generation would choose it, backends.lean.target_backend). features:
-    False leaves out the final-norm features (eagle3 does not read them: a fifth of the memory)."""
-    return DistillData.load(data_files(target, recipe, log, backend), features=features)
+    the target's backend as generation would choose it, backends.lean.target_backend)."""
+    return DistillData.load(data_files(target, recipe, log, backend))
 
 
 def sequence_count(path: Path) -> int:
