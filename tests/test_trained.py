@@ -30,12 +30,12 @@ KINDS = ("draft-lm", "eagle", "eagle3", "medusa")
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 9, 4, 5, 6, 1, 2]
 
 
-def random_net(kind: str, target, vocab: torch.Tensor, seed: int = 0) -> DraftNet:
-    kind = kind.removesuffix("-tree").removeprefix("lookup-else-")
+def random_net(kind: str, target, vocab: torch.Tensor, seed: int = 0, head_dim: int = 8) -> DraftNet:
+    kind = kind.removesuffix("-blocks").removesuffix("-tree").removeprefix("lookup-else-")
     torch.manual_seed(seed)
     d = target.config.hidden_size
     aux = [0, 1] if kind == "eagle3" else []  # the embeddings and layer 1's input
-    net = DraftNet(DraftConfig(kind, d, head_dim=8, ffn=2 * d, medusa_heads=3, aux_layers=aux), vocab,
+    net = DraftNet(DraftConfig(kind, d, head_dim=head_dim, ffn=2 * d, medusa_heads=3, aux_layers=aux), vocab,
                    target.get_input_embeddings().weight, target.get_output_embeddings().weight[vocab]).eval()
     if kind == "medusa":  # break the identity start, so heads differ from the target's own head
         for head in net.medusa:
@@ -43,10 +43,22 @@ def random_net(kind: str, target, vocab: torch.Tensor, seed: int = 0) -> DraftNe
     return net
 
 
+def needs_quant_kernels():
+    from specdec.modeling import quant
+
+    if quant.load() is None:
+        pytest.skip(f"quant.cpp cannot run here: {quant.unavailable_reason()}")
+
+
 def random_drafter(kind: str, target, vocab: torch.Tensor, seed: int = 0):
     """An untrained drafter of `kind` for `target`, drafting only over `vocab` (exactness must not
-    depend on training: any q the tokens are drawn from is fine)."""
-    net = random_net(kind, target, vocab, seed)
+    depend on training: any q the tokens are drawn from is fine). A "-blocks" kind drafts with its
+    matrices as int8 blocks (DraftNet.use_blocks)."""
+    net = random_net(kind, target, vocab, seed, head_dim=16 if kind.endswith("-blocks") else 8)
+    if kind.endswith("-blocks"):
+        needs_quant_kernels()
+        net = net.float().use_blocks()
+        kind = kind.removesuffix("-blocks")
     width = target.get_output_embeddings().weight.shape[0]
     if kind == "draft-lm":
         return ModelDrafter(DraftLMBackend(net, width), width)
@@ -74,7 +86,8 @@ def test_cached_drafting_equals_recomputation(kind):
 
 
 @pytest.mark.parametrize("backend", [LeanBackend, TransformersBackend])
-@pytest.mark.parametrize("kind", KINDS + ("eagle-tree", "eagle3-tree", "lookup-else-eagle3"))
+@pytest.mark.parametrize("kind", KINDS + ("eagle-tree", "eagle3-tree", "lookup-else-eagle3", "eagle-blocks",
+                                          "eagle3-tree-blocks"))
 @pytest.mark.parametrize("architecture", ["llama", "gemma3"])
 def test_greedy_parity_each_kind(kind, backend, architecture):
     target = tiny_llama(40, seed=0) if architecture == "llama" else tiny_gemma3(40, seed=0, sliding_window=8)
@@ -101,6 +114,8 @@ MC_VOCAB, MC_PROMPT = 5, [0, 1, 2, 3, 4, 1]
     ("eagle3-tree", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
     ("lookup-else-eagle3", SamplingParams(temperature=1.0)),
     ("lookup-else-eagle3", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
+    ("eagle-blocks", SamplingParams(temperature=1.0)),
+    ("eagle3-tree-blocks", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
 ])
 def test_monte_carlo_law_each_kind(kind, sampling):
     """3-token continuations follow the target's exact law, though the draft never proposes id 2."""
@@ -447,6 +462,44 @@ def test_kernel_drafting_matches_aten_drafting():
             for lo, hi in ((0, 4), (4, 5), (5, 7)):
                 a, b = run(fast, lo, hi).float(), run(net, lo, hi).float()
                 assert (a - b).abs().max() <= 0.05 * max(1.0, b.abs().max()), (kind, lo, (a - b).abs().max())
+
+
+@pytest.mark.parametrize("head_dim", [8, 16])  # 16: each layer in one quant.cpp call (layer_step)
+def test_block_drafting_follows_float_drafting(head_dim):
+    """With its matrices as Q8_0 blocks and int8 activations an eagle/eagle3 net drafts what its float
+    weights draft, within int8 rounding, through a KV cache written in steps of several positions and of
+    one, and through a token tree; the q it reports is what it drew from (a softmax of its own logits)."""
+    needs_quant_kernels()
+    from specdec.modeling.tree import TreeLayout
+
+    target = tiny_llama(40, seed=0)
+    x, f = torch.randint(0, 40, (1, 7)), torch.randn(1, 7, 32)
+    aux = torch.randn(1, 7, 64)
+    for kind in ("eagle", "eagle3"):
+        net = random_net(kind, target, torch.arange(0, 40, 2), head_dim=head_dim)
+        fast = random_net(kind, target, torch.arange(0, 40, 2), head_dim=head_dim)
+        fast.load_state_dict(net.state_dict())
+        fast.use_blocks()
+        assert fast.decoder().layer_step is not None or head_dim != 16
+        inputs = f if kind == "eagle" else aux
+        caches = {id(net): net.new_cache(), id(fast): fast.new_cache()}
+
+        def run(model, lo, hi, tree=None, start=None, caches=caches, inputs=inputs):
+            state = model.predict(model.features_in(inputs[:, lo:hi]), x[:, lo:hi], caches[id(model)],
+                                  lo if start is None else start, tree)
+            return model.draft_logits(state)
+
+        with torch.inference_mode():
+            for lo, hi in ((0, 4), (4, 5), (5, 7)):
+                a, b = run(fast, lo, hi), run(net, lo, hi)
+                assert (a - b).abs().max() <= 0.05 * max(1.0, b.abs().max()), (kind, lo, (a - b).abs().max())
+            tree = TreeLayout.of(torch.tensor([-1, -1]))  # rows 4..6: a root row at 5 and two children at 6
+            for model in (net, fast):
+                caches[id(model)].length = 5
+            a, b = run(fast, 4, 7, tree, start=5), run(net, 4, 7, tree, start=5)
+            assert (a - b).abs().max() <= 0.05 * max(1.0, b.abs().max()), (kind, "tree", (a - b).abs().max())
+    with pytest.raises(ValueError, match="float32"):
+        random_net("eagle", target, torch.arange(0, 40, 2)).to(torch.bfloat16).use_blocks()
 
 
 @pytest.mark.parametrize("damage,needle", [("repeat", "more than once"), ("range", "outside the target"),

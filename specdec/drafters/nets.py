@@ -145,6 +145,8 @@ class DraftNet(nn.Module):
         self._ropes: dict[tuple, RopeTable] = {}  # by (dtype, device)
         self.packed_head: torch.Tensor | None = None  # after pack()
         self.kernels = None  # kernels.cpp, after use_kernels()
+        self.on_blocks: Decoder | None = None  # after use_blocks(): the decoder over int8 blocks
+        self._dense_blocks: dict[int, object] = {}  # id(nn.Linear) -> its blocks, after use_blocks()
         if config.kind == "draft-lm":
             self.blocks = nn.ModuleList(Block(d, config.heads, config.head_dim, config.ffn) for _ in range(config.layers))
             self.norm = nn.RMSNorm(d, eps=1e-6)
@@ -194,8 +196,53 @@ class DraftNet(nn.Module):
         self.kernels = kern
         return self
 
+    def use_blocks(self, kind: str = "Q8_0") -> DraftNet:
+        """Draft (float32, on the CPU) with every matrix as `kind` blocks on quant.cpp, activations
+        quantised to int8 per row and group of 32, as the target's GGUF blocks run: one draft token
+        reads ~1 byte a weight instead of bf16's 2, and a layer is one call (quant.layer_step).
+        Inference only; the draft's numbers are its own (exactness never depends on them: the verifier
+        uses the q the tokens were drawn from). Needs quant.packed_int8() (AVX-512 VNNI)."""
+        from ..modeling import quant, rowops
+
+        if self.head.dtype != torch.float32 or self.head.device.type != "cpu":
+            raise ValueError("drafting on blocks takes a float32 net on the CPU: call .float() first")
+        if not self.fits_blocks(kind):
+            raise ValueError(f"the net's matrices are not whole {kind} blocks wide: keep its float weights")
+        packed = quant.packed_int8()
+
+        def blocks(weight: torch.Tensor):
+            w = quant.quantize(weight, kind)
+            return quant.pack_int8(w) if packed else w
+
+        layers = []
+        for block in getattr(self, "blocks", ()):
+            w = block.weights()
+            layers.append(LayerWeights(blocks(w.wqkv), blocks(w.wo), blocks(w.wgu), blocks(w.wdown),
+                                       norms={name: v.detach() for name, v in w.norms.items()}))
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and module.weight.shape[0] % 16 == 0:
+                self._dense_blocks[id(module)] = blocks(module.weight)
+        key = (self.head.dtype, self.head.device)
+        rope = RopeTable(theta_angles(self.config.head_dim, self.config.rope_theta), *key)
+        self._ropes[key] = rope
+        self.packed_head = blocks(self.head)
+        rows = rowops.load()
+        self.on_blocks = Decoder(self.arch, layers, rope, quant.quant_linear(F.linear, int8=True), rows=rows,
+                                 layer_step=quant.layer_step(self.arch, layers, int8=True))
+        return self
+
+    def fits_blocks(self, kind: str = "Q8_0") -> bool:
+        """Whether every matrix the net drafts with is a whole number of `kind` blocks wide."""
+        from ..modeling import quant
+
+        width = quant.block_width(kind)
+        return all(p.shape[-1] % width == 0 for p in self.parameters() if p.dim() == 2) \
+            and self.head.shape[-1] % width == 0
+
     def decoder(self) -> Decoder:
         """The blocks as a decoder in the net's current dtype and device (cheap: views of the weights)."""
+        if self.on_blocks is not None:
+            return self.on_blocks
         key = (self.head.dtype, self.head.device)
         if key not in self._ropes:
             self._ropes[key] = RopeTable(theta_angles(self.config.head_dim, self.config.rope_theta), *key)
@@ -208,6 +255,8 @@ class DraftNet(nn.Module):
         return self.decoder().new_cache()
 
     def _dense(self, layer: nn.Module, x: torch.Tensor, decoder: Decoder) -> torch.Tensor:
+        if id(layer) in self._dense_blocks:
+            return decoder.linear(x, self._dense_blocks[id(layer)], layer.bias)
         if not decoder.on_kernels(x):
             return layer(x)
         out = self.kernels.linear(x.reshape(-1, x.shape[-1]).contiguous(), layer.weight).view(*x.shape[:-1], -1)

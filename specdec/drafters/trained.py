@@ -20,6 +20,7 @@ and refuses a drafter made for another target.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -153,25 +154,53 @@ def load_state(net: DraftNet, state: dict[str, torch.Tensor], where) -> DraftNet
     return net
 
 
-def load_net(directory: str | Path, target) -> DraftNet:
-    """The drafter's network for `target` (a LoadedModel), in the target's dtype and device, on the
-    bf16 kernels or pre-packed for oneDNN where those apply.
+DRAFT_BLOCKS = "Q8_0"
+"""The block type an eagle/eagle3 net's matrices take for drafting on quant.cpp (SPECDEC_DRAFT_BLOCKS
+names another of quant.KINDS, or 0 to keep the float paths). Q4_0 measured no faster: a draft token is
+then bound by the calls, not the bytes."""
 
-    An eagle or eagle3 net for a built-in target loaded in float32 (its GGUF blocks' activations,
-    `--dtype auto` on CPUs with AVX-512 VNNI) drafts in bfloat16 on kernels.cpp where that runs: one
-    row is memory-bound, and float32 weights on oneDNN read twice the bytes (the draft step cost
-    0.4-0.7 of a target step on the blocks). Exactness does not depend on the draft's numbers: the
-    verifier uses the q the tokens were drawn from; the target's float32 features are rounded to
-    bfloat16 where the net reads them (DraftNet.features_in)."""
+
+def draft_blocks() -> str | None:
+    """The block type trained eagle/eagle3 nets draft with here, or None where they keep float weights
+    (no AVX-512 VNNI for quant.cpp's packed int8 kernels, or SPECDEC_DRAFT_BLOCKS=0)."""
+    from ..modeling import quant
+
+    kind = os.environ.get("SPECDEC_DRAFT_BLOCKS", DRAFT_BLOCKS)
+    if kind == "0" or not quant.packed_int8():
+        return None
+    if kind not in quant.KINDS:
+        raise SpecdecError(f"SPECDEC_DRAFT_BLOCKS={kind!r} is not a block type: use one of {', '.join(quant.KINDS)}, "
+                           "or 0 for float weights")
+    return kind
+
+
+def load_net(directory: str | Path, target) -> DraftNet:
+    """The drafter's network for `target` (a LoadedModel), on its device, drafting on the fastest
+    path here:
+
+    - eagle and eagle3 on a CPU with AVX-512 VNNI: every matrix as int8 blocks (`draft_blocks`,
+      DraftNet.use_blocks), float32 activations quantised to int8 as the GGUF target's are: one draft
+      token reads ~1 byte a weight and a layer is one call (c, a draft token's cost over a target
+      step, 0.35 -> 0.09 on the blocks target, measured: docs/results.md);
+    - else for a float32 GGUF target, in bfloat16 on kernels.cpp where that runs (one row is
+      memory-bound, and float32 weights on oneDNN read twice the bytes);
+    - else in the target's dtype, on kernels.cpp (bf16) or pre-packed for oneDNN.
+
+    Exactness does not depend on the draft's numbers: the verifier uses the q the tokens were drawn
+    from; the target's features are cast to the net's dtype where the net reads them
+    (DraftNet.features_in)."""
     from ..modeling import kernels
     from ..modeling.packing import can_pack
 
     device = target.model.device
     dtype = target.dtype
     net = read_net(directory, target)
-    if (device.type == "cpu" and dtype == torch.float32 and getattr(target, "gguf", None) is not None
-            and net.config.kind in ("eagle", "eagle3") and kernels.load() is not None):
-        dtype = torch.bfloat16
+    if device.type == "cpu" and net.config.kind in ("eagle", "eagle3"):
+        kind = draft_blocks()
+        if kind is not None and net.fits_blocks(kind):
+            return net.to(device=device, dtype=torch.float32).eval().use_blocks(kind)
+        if dtype == torch.float32 and getattr(target, "gguf", None) is not None and kernels.load() is not None:
+            dtype = torch.bfloat16
     net = net.to(device=device, dtype=dtype).eval()
     if device.type == "cpu" and dtype in (torch.bfloat16, torch.float32):
         kern = kernels.load() if dtype == torch.bfloat16 else None

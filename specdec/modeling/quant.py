@@ -171,6 +171,26 @@ def layer_step(arch, layers: list, int8: bool = False) -> Callable | None:
     return step
 
 
+def block_width(kind: str) -> int:
+    """How many weights one block of `kind` holds (a row's length must be a multiple)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return GGML_QUANT_SIZES[GGMLQuantizationType(KINDS[kind])][0]
+
+
+def quantize(weight: torch.Tensor, kind: str = "Q8_0") -> QuantWeight:
+    """A float matrix (out_features, in_features) as blocks of `kind` (gguf-py's reference
+    quantisation: ggml's own rounding), for weights that come from no GGUF file (a drafter's)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize as reference
+
+    if kind not in KINDS:
+        raise ValueError(f"unknown block type {kind!r}: use one of {', '.join(KINDS)}")
+    values = weight.detach().float().contiguous().numpy()
+    blocks = reference(values, GGMLQuantizationType(KINDS[kind]))
+    return QuantWeight(torch.from_numpy(blocks.copy()), KINDS[kind], weight.shape[1])
+
+
 def dequantize(w: QuantWeight) -> torch.Tensor:
     """The float32 weight the blocks stand for (gguf-py's reference dequantisation)."""
     from gguf.quants import dequantize as reference
