@@ -67,7 +67,17 @@ def row_counts(output_counts: torch.Tensor, tokens: torch.Tensor, sees: torch.Te
 
 def sample(dist: torch.Tensor, generator: torch.Generator) -> int:
     """One token from a (V,) distribution with the request's generator."""
-    return int(torch.multinomial(dist, 1, generator=generator))
+    return samples(dist, generator, 1)[0]
+
+
+def samples(dist: torch.Tensor, generator: torch.Generator, n: int) -> list[int]:
+    """n independent tokens from a (V,) distribution (need not sum to 1) with the request's
+    generator: its cumulative sums in float64 inverted at n uniform numbers. Exact up to float64
+    rounding, and never a token of probability 0 (its interval is empty); torch.multinomial costs
+    ~2 ms a draw over a 49k vocabulary on the CPU, this ~0.1 ms."""
+    cdf = dist.double().cumsum(dim=-1)
+    u = torch.rand(n, generator=generator, dtype=torch.float64, device=generator.device).to(cdf.device) * cdf[-1]
+    return torch.searchsorted(cdf, u, right=True).clamp(max=dist.numel() - 1).tolist()
 
 
 _MASK = (1 << 64) - 1

@@ -1,9 +1,25 @@
+from collections import Counter
+
 import pytest
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
 from specdec.errors import SpecdecError
-from specdec.sampling import probs
+from specdec.exactness import goodness_of_fit
+from specdec.sampling import probs, sample, samples
+
+
+def test_samples_follow_the_distribution_and_never_draw_probability_zero():
+    """Inverse-CDF draws: a chi-square fit to the law (a mass left unnormalised is fine), no token of
+    probability 0 ever drawn (also at either end), and the fit fails for a law the draws do not follow."""
+    law = torch.tensor([0.0, 0.3, 0.0, 0.1, 0.45, 0.15, 0.0])
+    generator = torch.Generator().manual_seed(7)
+    drawn = torch.tensor(samples(law * 3.0, generator, 20000) + [sample(law, generator) for _ in range(200)])
+    counts = Counter(drawn.tolist())
+    assert not any(counts[i] for i in (0, 2, 6))
+    assert goodness_of_fit("draws", counts, dict(enumerate(law.tolist()))).p_value > 1e-4
+    wrong = [0.0, 0.25, 0.0, 0.15, 0.45, 0.15, 0.0]
+    assert goodness_of_fit("negative control", counts, dict(enumerate(wrong))).p_value < 1e-6
 
 
 def test_temperature_scales_logits():

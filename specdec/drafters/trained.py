@@ -29,7 +29,7 @@ from ..backends import Backend
 from ..config import SamplingParams
 from ..errors import SpecdecError
 from ..modeling.tree import TreeLayout
-from ..sampling import coupled_draw, draw, probs
+from ..sampling import coupled_draw, draw, probs, samples
 from .base import Drafter, Proposal
 from .model import ModelDrafter
 from .nets import KINDS, DraftConfig, DraftNet
@@ -361,7 +361,7 @@ class EagleTreeDrafter(EagleDrafter):
             first = coupled_draw(q, sampling.seed, position)
             others = [int(t) for t in q.topk(self.branch + 1).indices if int(t) != first and q[t] > 0]
             return [(t, float(q[t])) for t in [first] + others[: self.branch - 1]], None
-        drawn = torch.multinomial(q, self.branch, replacement=True, generator=generator).tolist()
+        drawn = samples(q, generator, self.branch)
         return [(t, float(q[t])) for t in drawn], q
 
     def _draft(self, context: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator,
