@@ -2,6 +2,7 @@
 Carlo exactness for each kind (drafting over a vocabulary subset), training lowers the loss and
 writes a loadable drafter, and a drafter refuses a target it was not trained for."""
 
+import dataclasses
 import json
 
 import pytest
@@ -314,6 +315,27 @@ def test_more_answers_a_prompt_and_chunks_that_resume(trained, tmp_path, monkeyp
     again = build_data(target, recipe, log=logs.append, backend=lean)
     assert any("chunk 1 of 2 cached" in line for line in logs) and second.is_file()
     assert again.tokens[: int(again.offsets[7])].equal(data.tokens[: int(data.offsets[7])])
+
+
+def test_data_sampled_for_eagle3_serves_the_other_kinds(trained, tmp_path, monkeypatch):
+    """Data cached with the default aux layers' hidden states (an eagle3 run's) is what a recipe without
+    them reads, nothing sampled again; read without aux it holds none."""
+    from specdec.drafters import eagle3_format
+    from specdec.training.data import DataRecipe, DistillData, data_files
+
+    target = trained[0]
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(eagle3_format, "default_aux_layers", lambda layers: [0, 1])
+    lean = LeanBackend(target.model)
+    recipe = DataRecipe(prompts=4, max_new_tokens=4, max_prompt_tokens=16, batch=4, topk=4, sampler="engine")
+    logs: list[str] = []
+    with_aux = data_files(target, dataclasses.replace(recipe, aux_layers=(0, 1)), log=logs.append,
+                          backend=lean)
+    assert data_files(target, recipe, log=logs.append, backend=lean) == with_aux
+    assert "cached, with layers [0, 1]' inputs" in logs[-1]
+    plain = DistillData.load(with_aux, aux=False)
+    assert plain.aux is None and plain.features is not None
+    assert DistillData.load(with_aux).aux is not None
 
 
 def test_held_out_prompts_are_held_out_whole():

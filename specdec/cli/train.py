@@ -56,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     recipe = TrainRecipe(kind=args.kind, layers=args.layers or size["layers"], ffn=args.ffn or size["ffn"],
                          medusa_heads=args.medusa_heads, vocab_size=args.vocab, steps=args.steps,
                          minutes=args.minutes if args.minutes is not None else 30.0, batch=args.batch, seed=args.seed,
-                         lr=args.lr, unroll=args.unroll, aux_layers=parse_layers(args.aux_layers))
+                         lr=args.lr, unroll=args.unroll, aux_layers=parse_layers(args.aux_layers),
+                         bf16={"auto": None, "bf16": True, "fp32": False}[args.precision])
     log = lambda message: print(f"specdec: {message}", file=sys.stderr)  # noqa: E731
     target = load_model(args.target, args.dtype, args.device)
     if earlier is not None and earlier.kind == "eagle3":
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         recipe.vocab_size = start.vocab.numel()
     files = [data_files(target, r, log, backend) for r in recipes]
     # read together, not concatenated: millions of positions' features are never held twice
-    data = DistillData.load([f for fs in files for f in fs], features=args.kind != "eagle3")
+    data = DistillData.load([f for fs in files for f in fs], features=args.kind != "eagle3", aux=args.kind == "eagle3")
     sets, at = {}, 0
     for name, fs in zip(("tasks", "chat"), files):
         count = sum(sequence_count(f) for f in fs)
@@ -135,6 +136,9 @@ def register(sub) -> None:
     p.add_argument("--minutes", type=float, default=None, help="training time (default: 30)")
     p.add_argument("--steps", type=int, default=None, help="train for this many steps instead of --minutes")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (cosine schedule; default: %(default)s)")
+    p.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+                   help="training's matrix products: bf16 under autocast (float32 weights and losses), fp32, or "
+                        "auto (bf16 where the CPU has fast bf16 matmuls; default)")
     p.add_argument("--batch", type=int, default=16, help="windows per step (default: %(default)s)")
     p.add_argument("--prompts", type=int, default=2000, help="prompts the target answers (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=64, help="answer length (default: %(default)s)")

@@ -35,6 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..modeling import Arch, Decoder, KVCache, LayerWeights, RopeTable, causal_attend, layer_aten, theta_angles
+from ..modeling.decoder import attention
 from ..modeling.packing import pack, packed_linear
 from ..modeling.tree import TreeLayout
 
@@ -344,7 +345,7 @@ class DraftNet(nn.Module):
             def attend(q, k, v, rows=rows, mask=mask):
                 keys.append(k)
                 values.append(v)
-                return F.scaled_dot_product_attention(
+                return attention(
                     q, torch.cat([x[:, :, :rows] for x in keys], dim=2), torch.cat([x[:, :, :rows] for x in values], dim=2),
                     attn_mask=mask, scale=arch.scale, enable_gqa=arch.n_kv != arch.n_heads)
 

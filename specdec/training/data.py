@@ -148,10 +148,10 @@ class DistillData:
         tmp.replace(path)
 
     @staticmethod
-    def load(path: Path | list[Path], features: bool = True) -> DistillData:
+    def load(path: Path | list[Path], features: bool = True, aux: bool = True) -> DistillData:
         """The data saved at `path`, or the sequences of several files in order, read one tensor at a
         time into tensors of the whole (a few GB of features are never held twice); `features`:
-        False leaves the final-norm features out (None)."""
+        False leaves the final-norm features out (None), `aux` False the aux layers' hidden states."""
         from contextlib import ExitStack
 
         from safetensors import safe_open
@@ -159,13 +159,13 @@ class DistillData:
         paths = [path] if isinstance(path, (str, Path)) else list(path)
         with ExitStack() as stack:
             files = [stack.enter_context(safe_open(str(p), framework="pt")) for p in paths]
-            return DistillData._read(files, features)
+            return DistillData._read(files, features, aux)
 
     @staticmethod
-    def _read(files: list, features: bool) -> DistillData:
+    def _read(files: list, features: bool, aux: bool = True) -> DistillData:
         kinds = {"tokens": torch.long, "prompt_lengths": torch.long, "features": None, "topk_ids": torch.long,
                  "topk_probs": torch.float32, "aux": None}
-        has_aux = all("aux" in f.keys() for f in files)
+        has_aux = aux and all("aux" in f.keys() for f in files)
         whole = {}
         for name, dtype in kinds.items():
             if name == "aux" and not has_aux or name == "features" and not features:
@@ -373,20 +373,34 @@ def data_files(target, recipe: DataRecipe, log=print, backend=None) -> list[Path
 
         backend = target_backend(target)
     numeric_path = backend.path if recipe.sampler == "engine" else "transformers"
-    path = folder / f"{stem}-{recipe.key(identity, target.dtype, numeric_path)}.safetensors"
-    if path.is_file():
-        log(f"distillation data: {path} (cached)")
-        return [path]
+    def path_of(r: DataRecipe) -> Path:
+        return folder / f"{stem}-{r.key(identity, target.dtype, numeric_path)}.safetensors"
 
-    def part_path(c: int, count: int) -> Path:
-        return path.with_name(f"{path.stem}.part{c + 1}of{count}.safetensors")
+    def part_path(c: int, count: int, whole: Path) -> Path:
+        return whole.with_name(f"{whole.stem}.part{c + 1}of{count}.safetensors")
 
-    found = list(folder.glob(f"{path.stem}.part*of*.safetensors"))
-    if found:
-        count = int(found[0].stem.rsplit("of", 1)[1])
-        if all(part_path(c, count).is_file() for c in range(count)):
-            log(f"distillation data: {count} chunks {path.stem}.part*.safetensors (cached)")
-            return [part_path(c, count) for c in range(count)]
+    def cached(whole: Path) -> list[Path] | None:
+        if whole.is_file():
+            return [whole]
+        found = list(folder.glob(f"{whole.stem}.part*of*.safetensors"))
+        if found:
+            count = int(found[0].stem.rsplit("of", 1)[1])
+            if all(part_path(c, count, whole).is_file() for c in range(count)):
+                return [part_path(c, count, whole) for c in range(count)]
+        return None
+
+    path = path_of(recipe)
+    candidates = [(path, "")]
+    if not recipe.aux_layers:  # the same answers sampled for eagle3 hold these too (and aux features, unread)
+        from ..drafters.eagle3_format import default_aux_layers
+
+        layers = tuple(default_aux_layers(target.model.config.get_text_config().num_hidden_layers))
+        candidates.append((path_of(replace(recipe, aux_layers=layers)), f", with layers {list(layers)}' inputs"))
+    for whole, note in candidates:
+        files = cached(whole)
+        if files:
+            log(f"distillation data: {whole.name if len(files) == 1 else whole.stem + '.part*'} (cached{note})")
+            return files
     plain = folder / f"{stem}-{replace(recipe, aux_layers=()).key(identity, target.dtype)}.safetensors"
     if recipe.sampler == "transformers" and recipe.aux_layers and plain.is_file():
         # the same answers without aux features: one teacher pass adds them
@@ -400,7 +414,7 @@ def data_files(target, recipe: DataRecipe, log=print, backend=None) -> list[Path
     start = time.perf_counter()
     ordered, groups = _ordered_prompts(target, recipe)
     chunks = list(range(0, len(ordered), CHUNK_SEQUENCES))
-    files = [path] if len(chunks) == 1 else [part_path(c, len(chunks)) for c in range(len(chunks))]
+    files = [path] if len(chunks) == 1 else [part_path(c, len(chunks), path) for c in range(len(chunks))]
     sequences = positions = answers = 0
     for c, (lo, file) in enumerate(zip(chunks, files)):
         if file.is_file():
