@@ -241,6 +241,26 @@ def test_engine_sampler_records_what_a_teacher_pass_gives(trained, tmp_path, mon
     assert greedy == 5
 
 
+def test_engine_sampler_keeps_each_answers_records_when_a_sequence_takes_the_next_prompt(trained):
+    """A bf16 target's recorded hidden states are its own buffer's rows: a sequence that ends and takes
+    the next prompt must not overwrite the records of the answer it gave (5 prompts on 2 sequences)."""
+    from specdec.training.fused import sample_and_record
+
+    model = trained[0].model
+    bf16 = type(model)(model.config).to(torch.bfloat16).eval()
+    bf16.load_state_dict(model.state_dict())
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12], [2, 4, 6], [3, 5, 7, 9]]
+    records = sample_and_record(LeanBackend(bf16), prompts, [0.0, 1.0, 0.0, 1.0, 0.0], 10, set(), 4, (0, 2),
+                                batch=2, generator=torch.Generator().manual_seed(0))
+    for prompt, record in zip(prompts, records):
+        teacher = LeanBackend(bf16)
+        teacher.record_features(True, (0, 2))
+        teacher.forward(torch.tensor(prompt + record.answer)[: record.hidden.shape[0]])
+        want = teacher.hidden().float()
+        error = (record.hidden.float() - want).norm(dim=-1) / want.norm(dim=-1)
+        assert error.max() < 0.05, (prompt, error)
+
+
 def test_engine_sampler_draws_from_the_tempered_law():
     """The engine sampler's batched draw: argmax at T = 0, and at T > 0 a draw from softmax(logits / T)
     (χ² against the exact law; the law at T = 1 must be rejected for draws at T = 0.5)."""

@@ -78,6 +78,8 @@ class DataRecipe:
             del recipe["sampler"]
         else:
             recipe["path"] = path
+            if dtype == torch.bfloat16:  # before this, a bf16 target's records of answers were other answers' (fused)
+                recipe["records"] = 2
         text = json.dumps({"target": identity, "dtype": str(dtype), "recipe": recipe}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 

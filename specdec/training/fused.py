@@ -120,8 +120,9 @@ def sample_and_record(target: Backend, prompts: list[list[int]], temperatures: l
                 run.ended = token in eos or len(run.answer) >= max_new_tokens
         for place in ends:
             run, sequence = running[place], sequences[place]
-            done[run.index] = Answered(run.answer, sequence.hidden(0, run.fed).to(torch.bfloat16), torch.cat(run.ids),
-                                       torch.cat(run.probs))
+            # a copy: the sequence's buffer is reused by its next prompt (a bf16 backend's .to() is the buffer)
+            done[run.index] = Answered(run.answer, sequence.hidden(0, run.fed).to(torch.bfloat16, copy=True),
+                                       torch.cat(run.ids), torch.cat(run.probs))
             progress(1)
             start(place)
     for sequence in sequences:
