@@ -32,8 +32,6 @@ SUPER = {12: (144, (0, 2)), 14: (210, (208,))}  # K-quants: bytes a 256-weight b
 def blocks_of(weight: torch.Tensor, kind: int) -> quant.QuantWeight:
     """A float matrix quantised by gguf-py's reference quantiser (what llama.cpp's converter writes).
     gguf-py cannot quantise K-quants: those get random codes and scales of the same matrix size."""
-    from gguf.quants import quantize
-
     rows, columns = weight.shape
     if kind in SUPER:
         size, halves = SUPER[kind]
@@ -43,8 +41,22 @@ def blocks_of(weight: torch.Tensor, kind: int) -> quant.QuantWeight:
             scale = (torch.rand(rows, columns // 256, generator=g) * 0.03 + 0.001).half()
             raw[:, :, offset : offset + 2] = scale.view(torch.uint8).view(rows, columns // 256, 2)
         return quant.QuantWeight(raw.view(rows, -1).contiguous(), kind, columns)
-    raw = quantize(weight.numpy().astype(np.float32), kind)
-    return quant.QuantWeight(torch.from_numpy(raw.copy()), kind, columns)
+    return quant.quantize(weight, next(name for name, code in KINDS.items() if code == kind))
+
+
+def test_quantize_rounds_each_block_to_its_own_scale():
+    """Q8_0 of a float matrix: every weight within half a step of its block's scale (max |w| / 127; the
+    scale is kept in float16, up to 127 * 2^-11 of a step more), the block layout the kernels read; a
+    kind quant.cpp does not read is refused."""
+    w = torch.randn(16, 96, generator=torch.Generator().manual_seed(1)) * torch.logspace(-3, 1, 16)[:, None]
+    blocks = quant.quantize(w, "Q8_0")
+    assert blocks.blocks.shape == (16, 3 * 34) and blocks.kind == KINDS["Q8_0"] and blocks.in_features == 96
+    step = w.view(16, 3, 32).abs().amax(-1, keepdim=True) / 127
+    error = (quant.dequantize(blocks).view(16, 3, 32) - w.view(16, 3, 32)).abs()
+    assert torch.all(error <= step * (0.5 + 127 * 2**-11))
+    assert quant.block_width("Q8_0") == 32 and quant.block_width("Q4_K") == 256
+    with pytest.raises(ValueError, match="unknown block type"):
+        quant.quantize(w, "Q2_K")
 
 
 @pytest.mark.parametrize("name", KINDS)
