@@ -147,7 +147,7 @@ class DraftNet(nn.Module):
         self.packed_head: torch.Tensor | None = None  # after pack()
         self.kernels = None  # kernels.cpp, after use_kernels()
         self.on_blocks: Decoder | None = None  # after use_blocks(): the decoder over int8 blocks
-        self._dense_blocks: dict[int, object] = {}  # id(nn.Linear) -> its blocks, after use_blocks()
+        self._fc_blocks = None  # fc's weight as blocks, after use_blocks()
         if config.kind == "draft-lm":
             self.blocks = nn.ModuleList(Block(d, config.heads, config.head_dim, config.ffn) for _ in range(config.layers))
             self.norm = nn.RMSNorm(d, eps=1e-6)
@@ -220,16 +220,11 @@ class DraftNet(nn.Module):
             w = block.weights()
             layers.append(LayerWeights(blocks(w.wqkv), blocks(w.wo), blocks(w.wgu), blocks(w.wdown),
                                        norms={name: v.detach() for name, v in w.norms.items()}))
-        for module in self.modules():
-            if isinstance(module, nn.Linear) and module.weight.shape[0] % 16 == 0:
-                self._dense_blocks[id(module)] = blocks(module.weight)
-        key = (self.head.dtype, self.head.device)
-        rope = RopeTable(theta_angles(self.config.head_dim, self.config.rope_theta), *key)
-        self._ropes[key] = rope
+        if hasattr(self, "fc"):  # the one dense layer outside the blocks (_dense)
+            self._fc_blocks = blocks(self.fc.weight)
         self.packed_head = blocks(self.head)
-        rows = rowops.load()
-        self.on_blocks = Decoder(self.arch, layers, rope, quant.quant_linear(F.linear, int8=True), rows=rows,
-                                 layer_step=quant.layer_step(self.arch, layers, int8=True))
+        self.on_blocks = Decoder(self.arch, layers, self._rope(), quant.quant_linear(F.linear, int8=True),
+                                 rows=rowops.load(), layer_step=quant.layer_step(self.arch, layers, int8=True))
         return self
 
     def fits_blocks(self, kind: str = "Q8_0") -> bool:
@@ -240,15 +235,19 @@ class DraftNet(nn.Module):
         return all(p.shape[-1] % width == 0 for p in self.parameters() if p.dim() == 2) \
             and self.head.shape[-1] % width == 0
 
+    def _rope(self) -> RopeTable:
+        """The RoPE table in the net's current dtype and device (built once for each)."""
+        key = (self.head.dtype, self.head.device)
+        if key not in self._ropes:
+            self._ropes[key] = RopeTable(theta_angles(self.config.head_dim, self.config.rope_theta), *key)
+        return self._ropes[key]
+
     def decoder(self) -> Decoder:
         """The blocks as a decoder in the net's current dtype and device (cheap: views of the weights)."""
         if self.on_blocks is not None:
             return self.on_blocks
-        key = (self.head.dtype, self.head.device)
-        if key not in self._ropes:
-            self._ropes[key] = RopeTable(theta_angles(self.config.head_dim, self.config.rope_theta), *key)
         blocks = getattr(self, "blocks", ())
-        return Decoder(self.arch, [block.weights() for block in blocks], self._ropes[key],
+        return Decoder(self.arch, [block.weights() for block in blocks], self._rope(),
                        packed_linear if self.packed_head is not None else F.linear, self.kernels)
 
     def new_cache(self) -> KVCache:
@@ -256,8 +255,8 @@ class DraftNet(nn.Module):
         return self.decoder().new_cache()
 
     def _dense(self, layer: nn.Module, x: torch.Tensor, decoder: Decoder) -> torch.Tensor:
-        if id(layer) in self._dense_blocks:
-            return decoder.linear(x, self._dense_blocks[id(layer)], layer.bias)
+        if self._fc_blocks is not None and layer is self.fc:
+            return decoder.linear(x, self._fc_blocks, layer.bias)
         if not decoder.on_kernels(x):
             return layer(x)
         out = self.kernels.linear(x.reshape(-1, x.shape[-1]).contiguous(), layer.weight).view(*x.shape[:-1], -1)
