@@ -646,3 +646,26 @@ def test_trained_tree_kind_loads_eagle_and_refuses_the_others(trained):
     assert isinstance(build_drafter(f"trained-tree:{out['eagle'][1]}", target), EagleTreeDrafter)
     with pytest.raises(SpecdecError, match="needs an eagle"):
         build_drafter(f"trained-tree:{out['medusa'][1]}", target)
+
+
+def test_each_builtin_target_ships_a_small_drafter_made_for_it():
+    """Every built-in target has a trained drafter in the package (issue 15: both, each <= 16 MB), whose
+    config names that target, records its recipe and training curve, and whose draft vocabulary is
+    distinct ids of the target's vocabulary. (test_builtin loads smollm2's against its model; loading
+    Gemma-3 here would cost a minute, so its drafter's parity and law are `specdec verify`'s, in docs/results.)"""
+    from safetensors import safe_open
+
+    from specdec.config import BUILTIN_TARGETS
+    from specdec.drafters import shipped_drafter
+    from specdec.drafters.trained import WEIGHTS_FILE, read_config
+
+    for name in BUILTIN_TARGETS:
+        path = shipped_drafter(name)
+        assert path is not None, f"no drafter ships for {name}"
+        config = read_config(path)
+        assert config.target["name"] == name
+        assert sum(f.stat().st_size for f in path.iterdir()) <= 16_000_000, name
+        assert config.recipe["history"] and config.recipe["held_out"], name
+        with safe_open(str(path / WEIGHTS_FILE), "pt") as weights:
+            vocab = weights.get_tensor("vocab").long()
+        assert vocab.unique().numel() == vocab.numel() and 0 <= vocab.min() and vocab.max() < config.target["vocab_width"]
