@@ -657,7 +657,7 @@ def test_each_builtin_target_ships_a_small_drafter_made_for_it():
 
     from specdec.config import BUILTIN_TARGETS
     from specdec.drafters import shipped_drafter
-    from specdec.drafters.trained import WEIGHTS_FILE, read_config
+    from specdec.drafters.trained import WEIGHTS_FILE, check_vocab, read_config
 
     for name in BUILTIN_TARGETS:
         path = shipped_drafter(name)
@@ -667,5 +667,4 @@ def test_each_builtin_target_ships_a_small_drafter_made_for_it():
         assert sum(f.stat().st_size for f in path.iterdir()) <= 16_000_000, name
         assert config.recipe["history"] and config.recipe["held_out"], name
         with safe_open(str(path / WEIGHTS_FILE), "pt") as weights:
-            vocab = weights.get_tensor("vocab").long()
-        assert vocab.unique().numel() == vocab.numel() and 0 <= vocab.min() and vocab.max() < config.target["vocab_width"]
+            check_vocab(weights.get_tensor("vocab"), config.target["vocab_width"], path)  # raises unless valid
