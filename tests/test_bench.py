@@ -119,3 +119,21 @@ def test_peer_names_are_checked():
     assert peer_list("hf,llama.cpp") == ["hf", "llama.cpp"] and peer_list("none") == []
     with pytest.raises(argparse.ArgumentTypeError, match="unknown peer 'vllm'"):
         peer_list("hf,vllm")
+
+
+def test_multi_turn_needs_a_chat_template_and_is_skipped_without_one(tiny_dirs):
+    """A base model (no chat template) cannot hold a conversation: with other tasks beside it the
+    multi-turn task is skipped with a note, before anything runs; alone it is a clear error. With a
+    template it runs (the first turn's answer is the target's own)."""
+    notes = []
+    config = runner.BenchConfig(target=str(tiny_dirs["target"]), drafters=["prompt-lookup"], tasks=["chat", "multi-turn"],
+                                temperatures=[0.0], gammas=[2], prompts_per_task=1, max_new_tokens=4, dtype="float32",
+                                peers=())
+    rows = runner.run_bench(config, log=notes.append)
+    assert {r["task"] for r in rows} == {"chat"}
+    assert notes and "multi-turn" in notes[0] and "chat template" in notes[0]
+    config.tasks = ["multi-turn"]
+    with pytest.raises(SpecdecError, match="needs a chat template.*choose other --tasks"):
+        runner.run_bench(config, log=notes.append)
+    config.target = str(tiny_dirs["chat"])
+    assert {r["task"] for r in runner.run_bench(config, log=notes.append)} == {"multi-turn"}

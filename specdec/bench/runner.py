@@ -9,6 +9,7 @@ import json
 import random
 import resource
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,6 +20,7 @@ from ..backends.gguf import load_dtype
 from ..config import SamplingParams, SpecConfig
 from ..drafters import build_drafter, parse_drafter, target_weights
 from ..engine import SpeculativeEngine
+from ..errors import SpecdecError
 from ..models import load_model
 from ..prompts import TASKS, Prompt, load_prompts_file, task_prompts
 from .peers import LlamaCpp, hf_generate, llama_cpp_available
@@ -72,10 +74,19 @@ def collect_prompts(config: BenchConfig) -> list[Prompt]:
     return [p for task in config.tasks for p in task_prompts(task, config.prompts_per_task, config.seed)]
 
 
-def run_bench(config: BenchConfig, progress=None) -> list[dict]:
-    """Run everything; returns rows (also the input of the table and plots)."""
+def run_bench(config: BenchConfig, progress=None, log=None) -> list[dict]:
+    """Run everything; returns rows (also the input of the table and plots). `log` takes notes for
+    the user (default: stderr)."""
+    log = log or (lambda message: print(f"specdec: {message}", file=sys.stderr))
     weights = target_weights(config.weights, config.drafters)
     target = load_model(config.target, load_dtype(config.dtype, weights, config.target, config.backend))
+    prompts = collect_prompts(config)
+    if not target.has_chat_template and any(p.follow_up for p in prompts):  # checked before minutes of runs
+        prompts = [p for p in prompts if not p.follow_up]
+        why = f"the multi-turn task needs a chat template and {config.target!r} has none (a base model)"
+        if not prompts:
+            raise SpecdecError(f"{why}: choose other --tasks")
+        log(f"{why}: skipped")
     backend = target_backend(target, config.backend, weights, config.dtype)
     on_blocks = backend.gguf is not None
     eos = target.eos_token_ids
@@ -85,7 +96,6 @@ def run_bench(config: BenchConfig, progress=None) -> list[dict]:
         kind, arg = parse_drafter(spec)
         drafter = build_drafter(spec, target, config.dtype, backend=config.backend, target_on_blocks=on_blocks)
         engines[spec] = (SpeculativeEngine(backend, drafter, eos), drafter, kind, arg)
-    prompts = collect_prompts(config)
     encode = target.encode
 
     # Warm-up: thread pools and allocator, so the first measured run is not penalised.

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         bar.set_postfix_str(what, refresh=False)
         bar.refresh()
 
-    rows = run_bench(config, progress)
+    rows = run_bench(config, progress, log=lambda message: tqdm.write(f"specdec: {message}", file=sys.stderr))
     bar.close()
     write_rows(rows, out / "rows.jsonl")
     table = markdown_table(rows)
