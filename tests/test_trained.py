@@ -472,6 +472,33 @@ def test_auto_and_trained_kinds_without_a_shipped_drafter(tiny_dirs):
         build_drafter("trained", target)
 
 
+def test_auto_drafts_with_the_trained_drafter_at_t0_only_for_the_targets_listed(trained, monkeypatch):
+    """`auto` for a target with a shipped drafter: at T > 0 the drafter; at T = 0 prompt lookup alone,
+    or prompt lookup else the drafter (one net for both) for the targets TRAINED_ALSO_AT_T0 names —
+    which must each ship a drafter. Greedy output stays plain decoding's either way."""
+    from specdec import drafters
+    from specdec.drafters.prompt_lookup import AutoPromptLookup
+    from specdec.models import BUILTIN_MODELS
+
+    assert drafters.TRAINED_ALSO_AT_T0 <= set(BUILTIN_MODELS)
+    assert all(drafters.shipped_drafter(name) for name in drafters.TRAINED_ALSO_AT_T0)
+    target, _, out = trained
+    monkeypatch.setattr(drafters, "shipped_drafter", lambda name: out["eagle"][1])
+    greedy, sampled = SamplingParams(), SamplingParams(temperature=1.0)
+    monkeypatch.setattr(drafters, "TRAINED_ALSO_AT_T0", frozenset())
+    auto = build_drafter("auto", target)
+    assert isinstance(auto.for_sampling(greedy), AutoPromptLookup) and auto.for_sampling(sampled).name.startswith("eagle")
+    monkeypatch.setattr(drafters, "TRAINED_ALSO_AT_T0", frozenset({target.name}))
+    auto = build_drafter("auto", target)
+    routed = auto.for_sampling(greedy)
+    assert isinstance(routed, LookupElseTrained) and routed.trained is auto.for_sampling(sampled)
+    backend = LeanBackend(target.model)
+    ids = target.encode("hello there, how are you")
+    expected = SpeculativeEngine(backend, None).generate(ids, greedy, SpecConfig(gamma=0, max_new_tokens=12)).run()
+    run = SpeculativeEngine(backend, auto).generate(ids, greedy, SpecConfig(gamma=3, max_new_tokens=12)).run()
+    assert run.tokens == expected.tokens and run.stats.drafted > 0
+
+
 def test_kernel_drafting_matches_aten_drafting():
     """In bf16 the nets draft on the lean backend's kernels.cpp: same logits as the ATen path within
     bf16 rounding, through a KV cache written in steps of several positions and of one."""
