@@ -137,3 +137,28 @@ def test_multi_turn_needs_a_chat_template_and_is_skipped_without_one(tiny_dirs):
         runner.run_bench(config, log=notes.append)
     config.target = str(tiny_dirs["chat"])
     assert {r["task"] for r in runner.run_bench(config, log=notes.append)} == {"multi-turn"}
+
+
+@pytest.mark.parametrize("stop", [SpecdecError("the drafter broke"), KeyboardInterrupt()])
+def test_a_bench_that_stops_part_way_keeps_the_rows_it_finished(tiny_dirs, prompts_file, tmp_path, monkeypatch, capsys,
+                                                                 stop):
+    """An error or Ctrl-C in the second prompt's runs: the first prompt's rows are written, and the
+    error is reported with where they are (exit 1; Ctrl-C 130)."""
+    original, calls = runner._run_one, []
+
+    def failing(name, key, gamma, prompt, p_index, *rest):
+        calls.append(p_index)
+        if p_index == 1:
+            raise stop
+        return original(name, key, gamma, prompt, p_index, *rest)
+
+    monkeypatch.setattr(runner, "_run_one", failing)
+    out = tmp_path / "out"
+    code = main(["bench", "--target", str(tiny_dirs["target"]), "--drafter", "prompt-lookup", "--prompts",
+                 str(prompts_file), "--dtype", "float32", "--temperatures", "0", "--gammas", "2", "--max-new-tokens", "6",
+                 "--no-peers", "--out", str(out)])
+    assert code == (130 if isinstance(stop, KeyboardInterrupt) else 1)
+    assert "rows it finished are in" in capsys.readouterr().err
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in rows} == {"plain", "prompt-lookup"} and all(r["prompts"] == 1 for r in rows)
+    assert (out / "table.md").read_text().count("\n") == len(rows) + 4

@@ -58,6 +58,15 @@ class BenchConfig:
     sampling's."""
 
 
+class BenchInterrupted(Exception):
+    """A bench stopped part-way, by an error or Ctrl-C: `rows`, the rows of the runs it finished (those
+    whose plain run it has, for the speedups), and `cause`."""
+
+    def __init__(self, rows: list[dict], cause: BaseException):
+        super().__init__(str(cause))
+        self.rows, self.cause = rows, cause
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -118,28 +127,33 @@ def run_bench(config: BenchConfig, progress=None, log=None) -> list[dict]:
     runs: list[dict] = []
     coupled = sum(name.endswith("+coupled") for name, _, _ in methods)
     total = len(prompts) * sum(len(methods) - (coupled if t == 0 else 0) for t in config.temperatures)
-    for p_index, prompt in enumerate(prompts):
-        if prompt.follow_up:  # the first turn's answer is the target's own (greedy, not timed)
-            first = plain_engine.generate(encode(prompt.text), SamplingParams(),
-                                          SpecConfig(gamma=0, max_new_tokens=config.max_new_tokens)).run()
-            ids = encode(prompt.messages(target.tokenizer.decode(first.tokens, skip_special_tokens=True)))
-        else:
-            ids = encode(prompt.text)
-        for temperature in config.temperatures:
-            sampling = SamplingParams(temperature=temperature, seed=config.seed * 100003 + p_index)
-            order = list(methods)
-            random.Random(f"{config.seed}:{p_index}:{temperature}").shuffle(order)
-            for name, key, gamma in order:
-                if name.endswith("+coupled"):
-                    if temperature == 0:  # greedy is greedy: nothing to couple
-                        continue
-                    run_sampling = replace(sampling, drafter_invariant=True)
-                else:
-                    run_sampling = sampling
-                runs.append(_run_one(name, key, gamma, prompt, p_index, ids, run_sampling, config, plain_engine,
-                                     engines, target, eos))
-                if progress:
-                    progress(len(runs), total, f"{prompt.task} T={temperature} {name} γ={gamma}")
+    try:
+        for p_index, prompt in enumerate(prompts):
+            if prompt.follow_up:  # the first turn's answer is the target's own (greedy, not timed)
+                first = plain_engine.generate(encode(prompt.text), SamplingParams(),
+                                              SpecConfig(gamma=0, max_new_tokens=config.max_new_tokens)).run()
+                ids = encode(prompt.messages(target.tokenizer.decode(first.tokens, skip_special_tokens=True)))
+            else:
+                ids = encode(prompt.text)
+            for temperature in config.temperatures:
+                sampling = SamplingParams(temperature=temperature, seed=config.seed * 100003 + p_index)
+                order = list(methods)
+                random.Random(f"{config.seed}:{p_index}:{temperature}").shuffle(order)
+                for name, key, gamma in order:
+                    if name.endswith("+coupled"):
+                        if temperature == 0:  # greedy is greedy: nothing to couple
+                            continue
+                        run_sampling = replace(sampling, drafter_invariant=True)
+                    else:
+                        run_sampling = sampling
+                    runs.append(_run_one(name, key, gamma, prompt, p_index, ids, run_sampling, config, plain_engine,
+                                         engines, target, eos))
+                    if progress:
+                        progress(len(runs), total, f"{prompt.task} T={temperature} {name} γ={gamma}")
+    except (SpecdecError, KeyboardInterrupt) as error:  # what finished is kept: minutes of runs are not lost
+        with_plain = {(r["task"], r["prompt_index"], r["temperature"]) for r in runs if r["method"] == "plain"}
+        raise BenchInterrupted(aggregate([r for r in runs if (r["task"], r["prompt_index"], r["temperature"]) in with_plain],
+                                         config), error) from error
     return aggregate(runs, config)
 
 

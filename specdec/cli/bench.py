@@ -25,8 +25,7 @@ def peer_list(value: str) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ..bench.report import markdown_table, plot
-    from ..bench.runner import BenchConfig, run_bench, write_rows
+    from ..bench.runner import BenchConfig, BenchInterrupted, run_bench
 
     for task in args.tasks:
         if task not in TASKS:
@@ -54,15 +53,33 @@ def run(args: argparse.Namespace) -> int:
         bar.set_postfix_str(what, refresh=False)
         bar.refresh()
 
-    rows = run_bench(config, progress, log=lambda message: tqdm.write(f"specdec: {message}", file=sys.stderr))
+    try:
+        rows = run_bench(config, progress, log=lambda message: tqdm.write(f"specdec: {message}", file=sys.stderr))
+    except BenchInterrupted as stopped:  # write what finished, then report why it stopped
+        bar.close()
+        if stopped.rows:
+            _write(stopped.rows, out)
+        kept = f"the {len(stopped.rows)} rows it finished are in {out}" if stopped.rows else "no row had finished"
+        if isinstance(stopped.cause, KeyboardInterrupt):
+            print(f"\nspecdec: interrupted; {kept}", file=sys.stderr)
+            return 130
+        raise SpecdecError(f"{stopped.cause} (the bench stopped there; {kept})") from None
     bar.close()
+    _write(rows, out)
+    return 0
+
+
+def _write(rows: list[dict], out: Path) -> None:
+    """rows.jsonl, table.md and the plots into `out`; the table on stdout."""
+    from ..bench.report import markdown_table, plot
+    from ..bench.runner import write_rows
+
     write_rows(rows, out / "rows.jsonl")
     table = markdown_table(rows)
     (out / "table.md").write_text(table)
     plots = plot(rows, out)
     print(table)
     print(f"wrote {out / 'rows.jsonl'}, {out / 'table.md'}, " + ", ".join(str(p) for p in plots), file=sys.stderr)
-    return 0
 
 
 def register(sub) -> None:
