@@ -144,10 +144,9 @@ def test_a_bench_that_stops_part_way_keeps_the_rows_it_finished(tiny_dirs, promp
                                                                  stop):
     """An error or Ctrl-C in the second prompt's runs: the first prompt's rows are written, and the
     error is reported with where they are (exit 1; Ctrl-C 130)."""
-    original, calls = runner._run_one, []
+    original = runner._run_one
 
     def failing(name, key, gamma, prompt, p_index, *rest):
-        calls.append(p_index)
         if p_index == 1:
             raise stop
         return original(name, key, gamma, prompt, p_index, *rest)
