@@ -504,3 +504,17 @@ class open_server_tokenizer:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_a_base_model_without_a_chat_template_serves_completions_and_refuses_chat(tiny_dirs):
+    """A target without a chat template (the built-in gemma3-270m is one): /v1/chat/completions is a 400
+    that names the endpoint to use, /v1/completions answers."""
+    proc, base = start_server(tiny_dirs["target"])
+    try:
+        r = httpx.post(base + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert r.status_code == 400 and "no chat template: use /v1/completions" in r.json()["error"]["message"], r.text
+        r = httpx.post(base + "/v1/completions", json={"prompt": "abc", "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 0, r.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
