@@ -151,9 +151,8 @@ def run_bench(config: BenchConfig, progress=None, log=None) -> list[dict]:
                     if progress:
                         progress(len(runs), total, f"{prompt.task} T={temperature} {name} γ={gamma}")
     except (SpecdecError, KeyboardInterrupt) as error:  # what finished is kept: minutes of runs are not lost
-        with_plain = {(r["task"], r["prompt_index"], r["temperature"]) for r in runs if r["method"] == "plain"}
-        raise BenchInterrupted(aggregate([r for r in runs if (r["task"], r["prompt_index"], r["temperature"]) in with_plain],
-                                         config), error) from error
+        with_plain = {_prompt_run(r) for r in runs if r["method"] == "plain"}
+        raise BenchInterrupted(aggregate([r for r in runs if _prompt_run(r) in with_plain], config), error) from error
     return aggregate(runs, config)
 
 
@@ -188,15 +187,20 @@ def _run_one(name, key, gamma, prompt, p_index, ids, sampling, config, plain_eng
             "peak_rss_mb": _peak_rss_mb()}
 
 
+def _prompt_run(run: dict) -> tuple:
+    """Which prompt at which temperature a run answered: the runs compared with one plain run."""
+    return run["task"], run["prompt_index"], run["temperature"]
+
+
 def aggregate(runs: list[dict], config: BenchConfig) -> list[dict]:
     """Rows per (task, method, temperature, gamma), speedups taken per prompt against plain."""
-    plain = {(r["task"], r["prompt_index"], r["temperature"]): r for r in runs if r["method"] == "plain"}
+    plain = {_prompt_run(r): r for r in runs if r["method"] == "plain"}
     groups: dict[tuple, list[dict]] = {}
     for r in runs:
         groups.setdefault((r["task"], r["method"], r["temperature"], str(r["gamma"])), []).append(r)
     rows = []
     for (task, method, temperature, gamma), items in groups.items():
-        base = [plain[(r["task"], r["prompt_index"], r["temperature"])] for r in items]
+        base = [plain[_prompt_run(r)] for r in items]
         # a peer's time includes its prefill: it is compared with plain decoding's end-to-end rate
         rate = "e2e_tps" if items[0].get("includes_prefill") else "tps"
         speedups = [r["tps"] / b[rate] for r, b in zip(items, base) if r["tps"] and b.get(rate)]
