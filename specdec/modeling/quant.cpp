@@ -699,33 +699,44 @@ SPECDEC_VNNI inline void prefetch_group(const uint8_t* p, int64_t bytes) {
 }
 
 // Rows r0 .. r0 + R - 1 of x times blocks [b0, b1) on vpdpbusd: each group unpacked once for the R rows,
-// each row's sums in one zmm (G / 4 instructions against its broadcast dwords).
+// each row's sums in one zmm (G / 4 instructions against its broadcast dwords). The R rows lie within
+// one 16-row tile of PackedActs (r0 % 16 + R <= 16), so row r of a group sits at at(r0, g) + r. The row
+// loop is unrolled so that the R accumulators stay in registers (rolled, GCC kept them on the stack:
+// a load and a store a row and group, 8 rows 2.1 steps on Zen 5 against 1.2 for 4).
 template <int64_t KIND, int64_t R>
 SPECDEC_VNNI void vnni_rows(const PackedActs& x, const uint8_t* w, int64_t stride, float* out, int64_t N, int64_t r0,
                             int64_t b0, int64_t b1) {
+  static_assert(R >= 1 && R <= 16, "a row tile is at most 16 rows");
   constexpr Format F = format_of(KIND);
   constexpr int64_t GB = group_bytes(F);
   for (int64_t blk = b0; blk < b1; ++blk) {
     const uint8_t* p = w + blk * stride;
     __m512 acc[R];
+#pragma GCC unroll 16
     for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < x.groups; ++g, p += GB) {
       prefetch_group(p, GB);
       __m512i t[F.G / 4];
       __m512 a, b;
       unpack_group<KIND>(p, t, a, b);
+      const int64_t at0 = x.at(r0, g);
+      const int8_t* q0 = x.q.data() + at0 * F.G;
+      const float* d = x.d.data() + at0;
+      const float* s = x.s.data() + at0;
+#pragma GCC unroll 16
       for (int64_t r = 0; r < R; ++r) {
-        const int64_t at = x.at(r0 + r, g);
-        const int8_t* q = x.q.data() + at * F.G;
+        const int8_t* q = q0 + r * F.G;
         __m512i sums = _mm512_setzero_si512();
+#pragma GCC unroll 8
         for (int64_t i = 0; i < F.G / 4; ++i) {
           int32_t dword;
           std::memcpy(&dword, q + 4 * i, 4);
           sums = _mm512_dpbusd_epi32(sums, t[i], _mm512_set1_epi32(dword));
         }
-        acc[r] = accumulate_group(sums, a, b, x.d[at], x.s[at], acc[r]);
+        acc[r] = accumulate_group(sums, a, b, d[r], s[r], acc[r]);
       }
     }
+#pragma GCC unroll 16
     for (int64_t r = 0; r < R; ++r) _mm512_storeu_ps(out + (r0 + r) * N + blk * PACKED_COLS, acc[r]);
   }
 }
