@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -28,14 +29,14 @@ from .cache import KVCache
 from .rope import RopeTable, rotate
 from .tree import TreeLayout
 
+if TYPE_CHECKING:
+    from .quant import LayerSteps
+
 KERNEL_ROWS = 16
 """Without AMX tiles, steps of up to this many positions run on kernels.cpp (decode and verification);
 longer ones (prefill) on ATen's GEMM, which is faster where there is arithmetic to do."""
 
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-LayerStep = Callable[..., torch.Tensor]
-"""(layer index, h (T, d), cos, sin, the sequences as [(k cache, v cache, start, lo, visible, rows, prompt)])
--> h after that layer: each sequence's rows in turn in h, cos and sin; prompt: a prompt chunk (no logits)."""
 
 
 @dataclass(frozen=True)
@@ -273,7 +274,7 @@ class Decoder:
     when the weights are AMX tiles), on ATen otherwise."""
 
     def __init__(self, arch: Arch, layers: list[LayerWeights], rope: RopeTable, linear: Linear = F.linear,
-                 kernels=None, rows=None, layer_step: LayerStep | None = None, kernel_rows: int | None = KERNEL_ROWS):
+                 kernels=None, rows=None, layer_step: LayerSteps | None = None, kernel_rows: int | None = KERNEL_ROWS):
         """kernels: kernels.cpp (bf16 steps); rows: rowops.cpp (float32 norms and RoPE on ATen passes);
         layer_step: a whole layer of one or more sequences in one call with layer_aten's arithmetic to
         the bit (quant.layer_step, on GGUF blocks), taken for every float32 pass it can run;
@@ -283,6 +284,11 @@ class Decoder:
         self.rows = rows
         self.layer_step = layer_step if rows is not None else None
         self.kernel_rows = kernel_rows
+        # the RoPE tables and attention windows the layers use, each once, and which each layer takes
+        self._rope_kinds = sorted({layer.rope for layer in layers})
+        self._rope_of = [self._rope_kinds.index(layer.rope) for layer in layers]
+        self._windows = list(dict.fromkeys(layer.window for layer in layers))
+        self._window_of = [self._windows.index(layer.window) for layer in layers]
 
     def new_cache(self, max_length: int | None = None) -> KVCache:
         return KVCache(len(self.layers), self.arch.n_kv, self.arch.head_dim, self.rope.dtype, self.rope.device,
@@ -322,7 +328,8 @@ class Decoder:
         # prompt chunks too: their attention then runs per query as a decoding step's does, so a prompt's
         # keys and values do not depend on how it was cut into chunks (SDPA's do, in the last bits: with
         # int8 activations a batched request could then differ from the same request alone)
-        one_call = self.layer_step is not None and attn_input is None and h.dtype == torch.float32
+        if self.layer_step is not None and attn_input is None and h.dtype == torch.float32:
+            return self._run_stack(h, segments, positions, single, masks, taps)
         for i, layer in enumerate(self.layers):
             if taps is not None:
                 taps.see(i, x[0])
@@ -330,14 +337,6 @@ class Decoder:
                 cos, sin = self.rope.span(layer.rope, segments[0].start, segments[0].end)
             else:
                 cos, sin = (table[positions.to(table.device)] for table in self.rope.full(layer.rope))
-            if one_call:  # the whole layer in one call: the same numbers as layer_aten below
-                sequences = []
-                for j, s in enumerate(segments):
-                    lo, mask = visible_slots(s, layer.window, masks, j)
-                    sequences.append((s.cache.k[i], s.cache.v[i], s.start, lo,
-                                      _ALL_VISIBLE if mask is None else mask, s.rows, s.prompt))
-                x = self.layer_step(i, x[0], cos, sin, sequences)[None]
-                continue
             attends = [self._cached_attend(s, i, layer.window, masks, j) for j, s in enumerate(segments)]
             x = layer_aten(x, layer, self.arch, cos, sin, self.linear, attends[0] if len(attends) == 1
                            else _split_attend(attends, [s.rows for s in segments]), self.rows,
@@ -345,6 +344,31 @@ class Decoder:
         for s in segments:
             s.cache.length = s.end
         return x[0]
+
+    def _run_stack(self, h: torch.Tensor, segments: list[Segment], positions: torch.Tensor, single: bool, masks: dict,
+                   taps: Taps | None) -> torch.Tensor:
+        """Every layer in one quant.cpp call (LayerSteps): the same numbers as layer_aten, to the bit."""
+        tables = []
+        for kind in self._rope_kinds:
+            if single:
+                tables.append(self.rope.span(kind, segments[0].start, segments[0].end))
+            else:
+                tables.append(tuple(table[positions.to(table.device)] for table in self.rope.full(kind)))
+        windows = []
+        for window in self._windows:
+            seen = []
+            for j, s in enumerate(segments):
+                lo, mask = visible_slots(s, window, masks, j)
+                seen.append((lo, _ALL_VISIBLE if mask is None else mask))
+            windows.append(seen)
+        wanted = [i for i in taps.layers if i < len(self.layers)] if taps is not None else []
+        sequences = [(s.cache.k, s.cache.v, s.start, s.rows, s.prompt) for s in segments]
+        out, tapped = self.layer_step.run(h, tables, self._rope_of, sequences, windows, self._window_of, wanted)
+        for i, state in zip(wanted, tapped):
+            taps.see(i, state)
+        for s in segments:
+            s.cache.length = s.end
+        return out
 
     def _run_kernels(self, h: torch.Tensor, segments: list[Segment], attn_input: torch.Tensor | None,
                      taps: Taps | None) -> torch.Tensor:

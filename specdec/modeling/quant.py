@@ -76,7 +76,7 @@ class QuantWeight:
 
     @cached_property
     def code(self) -> int:
-        """The kind as quant.cpp's linear and layer_steps take it (the packed flag set for packed blocks);
+        """The kind as quant.cpp's linear and stack_steps take it (the packed flag set for packed blocks);
         asked once a weight, not on every product."""
         return self.kind | load().packed_flag() if self.packed else self.kind
 
@@ -139,9 +139,35 @@ def quant_linear(fallback: Callable, int8: bool = False) -> Callable:
 _EMPTY = torch.empty(0)
 
 
-def layer_step(arch, layers: list, int8: bool = False) -> Callable | None:
-    """A Decoder layer_step running each layer of one or more sequences in one call (quant.cpp's
-    layer_steps: layer_aten's arithmetic with rowops.cpp, to the bit), or None where some projection is
+class LayerSteps:
+    """The decoder layers on GGUF blocks, every layer of a pass of one or more sequences in one call
+    (quant.cpp's stack_steps, each layer layer_steps: layer_aten's arithmetic with rowops.cpp, to the
+    bit). The weights are handed to the C++ side once, here."""
+
+    def __init__(self, module, arch, held: list, int8: bool):
+        self.module, self.arch, self.int8 = module, arch, int8
+        self.layers = len(held)
+        self.stack = module.LayerStack([b for b, _, _ in held], [k for _, k, _ in held], [n for _, _, n in held])
+
+    def run(self, h: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]], rope_of: list[int],
+            sequences: list[tuple], windows: list[list[tuple[int, torch.Tensor]]], window_of: list[int],
+            taps: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """h (T, d), each sequence's rows in turn, through every layer. tables: (cos, sin) at each row's
+        position for each RoPE table, rope_of: layer i's table; sequences: (k caches, v caches (a tensor
+        a layer each), start, rows, prompt) each (prompt: a prompt chunk, no logits wanted); windows: for
+        each attention window, (lo, visible) per sequence, window_of: layer i's; taps: layers whose
+        inputs to return too. Returns h after the last layer and the tapped inputs in the order asked."""
+        k_caches, v_caches, starts, rows, prompts = (list(column) for column in zip(*sequences))
+        a = self.arch
+        out = self.module.stack_steps(
+            self.stack, h.contiguous(), [c.contiguous() for c, _ in tables], [s.contiguous() for _, s in tables], rope_of,
+            k_caches, v_caches, starts, [[lo for lo, _ in w] for w in windows], [[v for _, v in w] for w in windows],
+            window_of, rows, prompts, a.n_heads, a.n_kv, a.head_dim, a.eps, a.scale, a.gemma, self.int8, taps)
+        return out[0], out[1:]
+
+
+def layer_step(arch, layers: list, int8: bool = False) -> LayerSteps | None:
+    """The decoder's layers in one quant.cpp call a pass (LayerSteps), or None where some projection is
     not on blocks, the shapes are not ones rowops.cpp takes, or the kernels cannot run here."""
     module = load()
     if module is None or arch.head_dim % 16 or (arch.n_heads * arch.head_dim) % 8:
@@ -158,17 +184,7 @@ def layer_step(arch, layers: list, int8: bool = False) -> Callable | None:
         norms = [layer.norms[name].float().contiguous() for name in names]
         held.append(([[p.blocks for p in ps] for ps in parts], [[p.code for p in ps] for ps in parts],
                      norms + [_EMPTY] * (6 - len(norms))))
-
-    def step(index: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sequences: list[tuple]) -> torch.Tensor:
-        """sequences: (k cache, v cache, start, lo, visible, rows, prompt) each, their rows in turn in h
-        (prompt: a prompt chunk, no logits wanted)."""
-        blocks, kinds, norms = held[index]
-        k_caches, v_caches, starts, los, visibles, rows, prompts = (list(column) for column in zip(*sequences))
-        return module.layer_steps(h.contiguous(), blocks, kinds, norms, cos.contiguous(), sin.contiguous(), k_caches,
-                                  v_caches, starts, los, visibles, rows, prompts, arch.n_heads, arch.n_kv,
-                                  arch.head_dim, arch.eps, arch.scale, arch.gemma, int8)
-
-    return step
+    return LayerSteps(module, arch, held, int8)
 
 
 def block_width(kind: str) -> int:
