@@ -276,8 +276,8 @@ class Decoder:
     def __init__(self, arch: Arch, layers: list[LayerWeights], rope: RopeTable, linear: Linear = F.linear,
                  kernels=None, rows=None, layer_step: LayerSteps | None = None, kernel_rows: int | None = KERNEL_ROWS):
         """kernels: kernels.cpp (bf16 steps); rows: rowops.cpp (float32 norms and RoPE on ATen passes);
-        layer_step: a whole layer of one or more sequences in one call with layer_aten's arithmetic to
-        the bit (quant.layer_step, on GGUF blocks), taken for every float32 pass it can run;
+        layer_step: every layer of a pass of one or more sequences in one call with layer_aten's
+        arithmetic to the bit (quant.layer_step, on GGUF blocks), taken for every float32 pass it can run;
         kernel_rows: the most rows a pass takes to the kernels (None: any, for weights on AMX tiles,
         whose cost hardly grows with the rows and whose numbers do not depend on them)."""
         self.arch, self.layers, self.rope, self.linear, self.kernels = arch, layers, rope, linear, kernels

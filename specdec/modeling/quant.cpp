@@ -1299,5 +1299,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         TORCH_CHECK(blocks.size() == kinds.size() && blocks.size() == norms.size(), "one entry per layer in each list");
         return LayerStack{std::move(blocks), std::move(kinds), std::move(norms)};
       }));
-  m.def("stack_steps", &stack_steps, "every decoder layer of one or more sequences in one call (layer_steps each)");
+  // Without the GIL: a pass (a long prompt's chunk: a second or more) would otherwise hold up every other
+  // Python thread, the server's HTTP loop among them, for all of its layers (one call a layer let it in between).
+  m.def("stack_steps", &stack_steps, "every decoder layer of one or more sequences in one call (layer_steps each)",
+        py::call_guard<py::gil_scoped_release>());
 }

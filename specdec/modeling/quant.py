@@ -146,7 +146,6 @@ class LayerSteps:
 
     def __init__(self, module, arch, held: list, int8: bool):
         self.module, self.arch, self.int8 = module, arch, int8
-        self.layers = len(held)
         self.stack = module.LayerStack([b for b, _, _ in held], [k for _, k, _ in held], [n for _, _, n in held])
 
     def run(self, h: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]], rope_of: list[int],
