@@ -3,11 +3,12 @@ count, AMX-INT8 beside it where the CPU has it (both paths give the same numbers
 either); with --against, a second quant.cpp (an earlier version, say) built and timed interleaved with
 the first, so two kernels compare on one host in one run. Prints ms a product (median of 5 timings of
 `--repeats` calls) and core cycles per 16 rows x 16 columns x 32 weights at an assumed --ghz. A matrix
-repeated stays in cache; scripts/bench_step.py --gguf times whole passes, where the weights stream from
-memory.
+repeated stays in cache; with --stream, the products of a whole pass instead (every layer's seven matrices
+and the LM head, the weights streaming from memory as in a real pass), ms a pass, median of 7, both
+kernels interleaved. scripts/bench_step.py --gguf times whole passes with everything else in them.
 
     .venv/bin/python scripts/bench_packed_paths.py [--rows 1,4,8,12,16,20,32,64] [--threads 2]
-        [--kernel PATH] [--against PATH] [--ghz 3]
+        [--kernel PATH] [--against PATH] [--ghz 3] [--stream]
 """
 
 import argparse
@@ -30,6 +31,30 @@ def build(path: str):
     return module
 
 
+def stream(kernels: dict, weights: GGUFWeights, rows: list[int]) -> None:
+    """Every product of a pass (30 layers x 7 matrices, then the LM head) at each row count, per kernel."""
+    first = kernels["kernel"]
+    layers = 0
+    while weights.layer(layers, "q") is not None:
+        layers += 1
+    parts = [weights.layer(i, part) for i in range(layers) for part in ("q", "k", "v", "o", "gate", "up", "down")]
+    matrices = [(first.pack_int8(w.blocks, w.kind, w.in_features), w.kind, w.in_features)
+                for w in [*parts, weights.lm_head()]]
+    print("rows | " + " | ".join(f"{name} ms a pass" for name in kernels) + (" | against / kernel" if len(kernels) > 1 else ""))
+    for n in rows:
+        xs = {k: torch.randn(n, k) for k in {m[2] for m in matrices}}
+        times: dict[str, list[float]] = {name: [] for name in kernels}
+        for _ in range(7):
+            for name, module in kernels.items():  # interleaved: both see the same host
+                start = time.perf_counter()
+                for packed, kind, k in matrices:
+                    module.linear(xs[k], packed, kind | module.packed_flag(), k, True)
+                times[name].append(time.perf_counter() - start)
+        medians = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+        ratio = f" | {medians['against'] / medians['kernel']:.2f}" if len(kernels) > 1 else ""
+        print(f"{n} | " + " | ".join(f"{m:.2f}" for m in medians.values()) + ratio, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,4,8,12,16,20,32,64")
@@ -37,12 +62,16 @@ def main() -> None:
     parser.add_argument("--kernel", default="specdec/modeling/quant.cpp", help="the quant.cpp to build and time")
     parser.add_argument("--against", help="a second quant.cpp, timed beside the first (its folder needs amx.h and rowops.h)")
     parser.add_argument("--ghz", type=float, default=3.0, help="the clock the cycle column assumes")
+    parser.add_argument("--stream", action="store_true", help="a whole pass's products, weights from memory")
     args = parser.parse_args()
     kernels = {"kernel": build(args.kernel)}
     if args.against:
         kernels["against"] = build(args.against)
     torch.set_num_threads(args.threads)
     weights = GGUFWeights.read(_smollm2_gguf())
+    if args.stream:
+        stream(kernels, weights, [int(r) for r in args.rows.split(",")])
+        return
     matrices = {"lm head": weights.lm_head(), **{part: weights.layer(0, part) for part in ("q", "k", "up", "down")}}
     paths = [("vpdpbusd", 10**6)] + ([("amx", 0)] if kernels["kernel"].amx_int8() else [])
     defaults = {name: module.set_packed_rows(0) for name, module in kernels.items()}

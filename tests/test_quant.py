@@ -125,7 +125,7 @@ packed_only = pytest.mark.skipif("not quant.packed_int8()",
 def test_packed_int8_is_the_quantised_rows_product(kernels, name):
     """pack_int8 keeps the blocks' weights: the packed product is the dequantised weights times the
     activations rounded per row and group (32; Q6_K's 16, its scales' span) to int8, and a row's result
-    depends on that row alone — on vpdpbusd (few rows: tiles of 16, 8, 4 and the rest) as on AMX
+    depends on that row alone — on vpdpbusd (few rows: tiles of 16, then one of the rest) as on AMX
     (more than 24), to the bit."""
     g = torch.Generator().manual_seed(4)
     kind = KINDS[name]
