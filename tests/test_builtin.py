@@ -60,12 +60,12 @@ def test_main_job_cli_compare_json():
     from specdec.modeling import kernels, quant
 
     # auto picks the lean forward pass for Llama: on the GGUF file's blocks with int8 activations where
-    # quant.cpp's packed kernels run (AVX-512 VNNI, AMX-INT8), else in bf16 on kernels.cpp where they
-    # build (on AMX tiles where the CPU has them), else on the blocks with quant.cpp's AVX2 kernels,
-    # else float32 on oneDNN
+    # quant.cpp's packed kernels run (AVX2, AVX-512 VNNI, AMX-INT8), else in bf16 on kernels.cpp where
+    # they build (on AMX tiles where the CPU has them), else on the blocks with quant.cpp's unpacked
+    # AVX2 kernels, else float32 on oneDNN
     kern = kernels.load()
     if quant.packed_int8():
-        expected = "lean+gguf-int8" + ("+amx" if quant.amx_int8() else "+vnni")
+        expected = "lean+gguf-int8+" + quant.packed_isa()
     else:
         expected = (("lean+tiles" if kern.tiles else "lean+kernels") if kern
                     else "lean+gguf-int8" if quant.load() else "lean")

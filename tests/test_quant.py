@@ -113,11 +113,11 @@ def test_int8_activations_are_the_quantised_rows_product(kernels, name):
 
 def int8_path() -> str:
     """The stats' path of a target on blocks with int8 activations on this CPU."""
-    return "lean+gguf-int8" + (("+amx" if quant.amx_int8() else "+vnni") if quant.packed_int8() else "")
+    return "lean+gguf-int8" + ("+" + quant.packed_isa() if quant.packed_int8() else "")
 
 
 packed_only = pytest.mark.skipif("not quant.packed_int8()",
-                                 reason="the packed int8 kernels need AVX-512 VNNI (this CPU runs the AVX2 ones)")
+                                 reason="the packed int8 kernels need AVX2, FMA and F16C")
 
 
 @packed_only
@@ -165,6 +165,49 @@ def test_packed_rows_are_the_same_on_vnni_and_amx(kernels):
         finally:
             kernels.set_packed_rows(default)
         assert torch.equal(on_vnni, on_amx), kind
+
+
+@packed_only
+@pytest.mark.parametrize("name", KINDS)
+def test_packed_int8_at_the_largest_codes(kernels, name):
+    """Every code at its largest and every activation at +127: the integer sums at their bounds (the AVX2
+    products add int16 pair sums of several steps before widening, as far as that cannot overflow)."""
+    kind = KINDS[name]
+    columns = 512 if kind in SUPER else 128
+    weight = torch.ones(32, columns)
+    weight[:, ::32] = -1.0  # each group's largest magnitude first and negative: the others take the top code
+    w = blocks_of(weight, kind)
+    if kind in SUPER:  # every code byte 0xFF (Q4_K's nibbles 15, Q6_K's 6-bit codes 63), the scales kept
+        raw = w.blocks.view(32, columns // 256, -1).clone()
+        codes = slice(16, 144) if kind == KINDS["Q4_K"] else slice(0, 192)
+        raw[:, :, codes] = 255
+        w = quant.QuantWeight(raw.view(32, -1).contiguous(), kind, columns)
+    x = torch.ones(5, columns)
+    ref = x.double() @ quant.dequantize(w).double().T  # ones are exact in int8 (127 / 127)
+    out = quant.quant_linear(None, int8=True)(x, quant.pack_int8(w))
+    assert (out.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@pytest.mark.skipif("not quant.packed_int8() or not quant.load().vnni()",
+                    reason="needs AVX-512 VNNI to compare with (this CPU runs the AVX2 products only)")
+def test_packed_rows_are_the_same_on_avx2_and_vnni(kernels):
+    """vpmaddubsw's int16 pair sums, added before vpmaddwd only as far as they cannot overflow (and Q8_0's
+    sign trick with 128 sum(x) added back), are vpdpbusd's integer sums, and the float steps the same:
+    every block type, every row count, to the bit."""
+    g = torch.Generator().manual_seed(7)
+    for kind in KINDS.values():
+        columns = 512 if kind in SUPER else 128
+        w = quant.pack_int8(blocks_of(torch.randn(32, columns, generator=g), kind))
+        x = torch.randn(37, columns, generator=g) * 4
+        on_vnni = kernels.linear(x, w.blocks, w.code, columns, True)
+        previous = kernels.set_vnni(False)
+        try:
+            assert not kernels.vnni()
+            for rows in (37, 1, 9):
+                on_avx2 = kernels.linear(x[:rows].contiguous(), w.blocks, w.code, columns, True)
+                assert torch.equal(on_avx2, on_vnni[:rows]), (kind, rows)
+        finally:
+            kernels.set_vnni(previous)
 
 
 @packed_only

@@ -137,9 +137,9 @@ class GGUFWeights:
 
 def load_dtype(dtype: str, weights: str, target: str, backend: str = "auto", device: str = "cpu") -> str:
     """The dtype to load `target` in: `dtype`, except that `--dtype auto --weights auto` loads a built-in
-    GGUF target in float32 for the lean backend where quant.cpp's packed int8 kernels run (AVX-512 VNNI):
-    its blocks with int8 activations then run plain decoding ~2x faster than bf16 on kernels.cpp, AMX
-    tiles included (docs/results.md), so `auto` takes them there as it does on AVX2-only CPUs."""
+    GGUF target in float32 for the lean backend where quant.cpp's packed int8 kernels run (AVX2 and F16C):
+    its blocks with int8 activations then run plain decoding ~2x faster than bf16 on kernels.cpp (AVX-512
+    BF16, AMX tiles included: docs/results.md), and on AVX2-only CPUs float32 is what `auto` loads anyway."""
     if (dtype == "auto" and weights == "auto" and target in BUILTIN_TARGETS and backend != "transformers"
             and device == "cpu" and quant.packed_int8()):
         return "float32"

@@ -105,10 +105,11 @@ class LeanBackend(Backend):
                 raise SpecdecError(f"the GGUF kernels cannot run here: {quant.unavailable_reason()}")
             self.gguf = gguf if isinstance(gguf, GGUFWeights) else GGUFWeights.read(Path(gguf))
             self.path = "lean+gguf-int8" if int8_activations else "lean+gguf"
-            # int8 activations on AVX-512 VNNI (AMX-INT8 for many rows): the blocks repacked once here
+            # int8 activations on the packed kernels (AVX2, AVX-512 VNNI, AMX-INT8 for many rows): the
+            # blocks repacked once here
             self._pack_int8 = int8_activations and quant.packed_int8()
             if self._pack_int8:
-                self.path += "+amx" if quant.amx_int8() else "+vnni"
+                self.path += "+" + quant.packed_isa()
         self.params_on_blocks = self.params_total = 0
         linear = packed_linear if self.packed else torch.nn.functional.linear
         with torch.no_grad():
@@ -138,7 +139,8 @@ class LeanBackend(Backend):
         if self.gguf is not None:
             share = self.params_on_blocks / self.params_total
             if self._pack_int8:
-                kernels = "AVX-512 VNNI, AMX-INT8 for many rows" if quant.amx_int8() else "AVX-512 VNNI"
+                kernels = {"amx": "AVX-512 VNNI, AMX-INT8 for many rows", "vnni": "AVX-512 VNNI",
+                           "avx2": "AVX2"}[quant.packed_isa()]
                 return f"GGUF blocks x int8 activations on quant.cpp ({kernels}; {share:.0%} of the weights)"
             activations = "int8" if "int8" in self.path else "float32"
             return f"GGUF blocks x {activations} activations on quant.cpp ({share:.0%} of the weights)"

@@ -615,40 +615,61 @@ torch::Tensor pack_int8(torch::Tensor w, int64_t kind, int64_t K) {
 }
 
 // Activations rounded to int8 per row and group of G (x ~ d q, the AVX2 int8 path's rounding), with s = d
-// sum q, laid out by 16 rows: group g of rows 16 i .. 16 i + 15 is one AMX A tile, q[(i groups + g) 16 G ..]
-// (16 rows of G bytes), and their d and s sit side by side; rows past M are zero.
+// sum q (and the integer sum q itself, which the AVX2 products of Q8_0 add back), laid out by 16 rows:
+// group g of rows 16 i .. 16 i + 15 is one AMX A tile, q[(i groups + g) 16 G ..] (16 rows of G bytes),
+// and their d and s sit side by side; rows past M are zero. AVX2 only, so every path (AVX2, VNNI, AMX)
+// multiplies the same codes.
 struct PackedActs {
   int64_t M, K, groups;
   std::vector<int8_t> q;
   std::vector<float> d, s;
+  std::vector<int32_t> total;
   int64_t at(int64_t m, int64_t g) const { return ((m / 16) * groups + g) * 16 + m % 16; }  // d, s; q at G times
 };
 
-SPECDEC_VNNI PackedActs quantize_acts(const float* x, int64_t M, int64_t K, int64_t G) {
+SPECDEC_AVX2 PackedActs quantize_acts(const float* x, int64_t M, int64_t K, int64_t G) {
   const int64_t groups = K / G, Mp = (M + 15) / 16 * 16;
   PackedActs out{M, K, groups, std::vector<int8_t>(Mp * K, 0), std::vector<float>(Mp * groups, 0.f),
-                 std::vector<float>(Mp * groups, 0.f)};
+                 std::vector<float>(Mp * groups, 0.f), std::vector<int32_t>(Mp * groups, 0)};
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packs interleaves 128-bit halves
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < groups; ++g) {
       const float* v = x + m * K + g * G;
-      __m512 part[2];
-      __m512 amax = _mm512_setzero_ps();
-      for (int64_t i = 0; i < G / 16; ++i) {
-        part[i] = _mm512_loadu_ps(v + 16 * i);
-        amax = _mm512_max_ps(amax, _mm512_abs_ps(part[i]));
+      __m256 part[4], amax = _mm256_setzero_ps();
+      for (int64_t i = 0; i < G / 8; ++i) {
+        part[i] = _mm256_loadu_ps(v + 8 * i);
+        amax = _mm256_max_ps(amax, _mm256_and_ps(part[i], magnitude));
       }
-      const float largest = _mm512_reduce_max_ps(amax);
-      const __m512 inverse = _mm512_set1_ps(largest > 0.f ? 127.f / largest : 0.f);
+      __m128 top = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+      top = _mm_max_ps(top, _mm_movehl_ps(top, top));
+      const float largest = _mm_cvtss_f32(_mm_max_ss(top, _mm_movehdup_ps(top)));
+      const __m256 inverse = _mm256_set1_ps(largest > 0.f ? 127.f / largest : 0.f);
+      __m256i codes[4], sum = _mm256_setzero_si256();
+      for (int64_t i = 0; i < G / 8; ++i) {  // round to nearest even; |x / d| <= 127 (+ rounding)
+        codes[i] = _mm256_min_epi32(_mm256_set1_epi32(127), _mm256_max_epi32(_mm256_set1_epi32(-127),
+                                    _mm256_cvtps_epi32(_mm256_mul_ps(part[i], inverse))));
+        sum = _mm256_add_epi32(sum, codes[i]);
+      }
+      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
       const int64_t at = out.at(m, g);
-      int total = 0;
-      for (int64_t i = 0; i < G / 16; ++i) {  // round to nearest even; |x / d| <= 127 (+ rounding)
-        const __m512i codes = _mm512_min_epi32(_mm512_set1_epi32(127), _mm512_max_epi32(_mm512_set1_epi32(-127),
-                                               _mm512_cvtps_epi32(_mm512_mul_ps(part[i], inverse))));
-        total += _mm512_reduce_add_epi32(codes);
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out.q.data() + at * G + 16 * i), _mm512_cvtepi32_epi8(codes));
+      int8_t* q = out.q.data() + at * G;
+      for (int64_t i = 0; i < G / 32; ++i) {
+        const __m256i bytes = _mm256_permutevar8x32_epi32(
+            _mm256_packs_epi16(_mm256_packs_epi32(codes[4 * i], codes[4 * i + 1]),
+                               _mm256_packs_epi32(codes[4 * i + 2], codes[4 * i + 3])), order);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * i), bytes);
       }
+      if (G % 32) {  // G = 16: two vectors of 8
+        const __m128i bytes = _mm_packs_epi16(_mm_packs_epi32(_mm256_castsi256_si128(codes[0]), _mm256_extracti128_si256(codes[0], 1)),
+                                              _mm_packs_epi32(_mm256_castsi256_si128(codes[1]), _mm256_extracti128_si256(codes[1], 1)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q), bytes);
+      }
+      out.total[at] = _mm_cvtsi128_si32(t);
       out.d[at] = largest / 127.f;
-      out.s[at] = out.d[at] * static_cast<float>(total);
+      out.s[at] = out.d[at] * static_cast<float>(out.total[at]);
     }
   return out;
 }
@@ -860,6 +881,161 @@ SPECDEC_AMX_INT8 void amx_rows(const PackedActs& x, const uint8_t* w, int64_t st
   restore_tiles(outer);
 }
 
+// ---- The packed layout on AVX2 (no AVX-512 VNNI: AMD before Zen 4, Intel client and server before Ice Lake) ----
+//
+// vpdpbusd (four unsigned code bytes times four signed activation bytes, summed into an int32 lane) becomes
+// vpmaddubsw (pairs into int16) and vpmaddwd against ones (pairs of pairs into int32), a 16-column block
+// taken as two halves of 8 columns (32 bytes of each 64-byte step of the order). The int16 pair sums of
+// several steps are added before vpmaddwd where they cannot overflow: codes below 16 (Q4_0, Q4_1, Q4_K)
+// all 8 steps of a group (8 x 2 x 15 x 127 = 30480), Q5_0's (below 32) 4, Q6_K's (below 64) 2. Q8_0's
+// bytes (q + 128, up to 255) would saturate vpmaddubsw's pairs, so they take the sign trick (|q| times x
+// with q's sign; |-128| x 127 x 2 still fits) and 128 sum(x) is added back. The integer sums are then
+// vpdpbusd's exactly and the float steps are accumulate_group's lane by lane, so a row's results are
+// those of the VNNI and AMX paths to the bit, whatever the rows beside it.
+
+// Steps i and i + STEPS / 2 of a group's codes (4-bit: one load gives both) for columns 8 h .. 8 h + 7,
+// bit planes added; for byte codes step i alone (in lo).
+template <int64_t KIND>
+SPECDEC_AVX2 inline void avx2_steps(const uint8_t* p, int64_t i, int64_t h, __m256i& lo, __m256i& hi) {
+  constexpr Format F = format_of(KIND);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * i + 32 * h));
+  if constexpr (F.bytes) {
+    lo = v;
+    return;
+  }
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  lo = _mm256_and_si256(v, low);
+  hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+  if constexpr (F.planes > 0) {
+    constexpr int64_t half_steps = F.G / 8;
+    const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+    for (int pl = 0; pl < F.planes; ++pl) {
+      const uint8_t* plane = p + code_bytes(F) + pl * plane_bytes(F);
+      const __m256i bit = _mm256_set1_epi8(static_cast<char>(16 << pl));
+      for (int64_t j = 0; j < 2; ++j) {  // byte t of the order: bit t % 8 of plane byte t / 8
+        uint32_t bits;
+        std::memcpy(&bits, plane + (64 * (i + j * half_steps) + 32 * h) / 8, 4);
+        const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)), spread);
+        const __m256i set = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, select), select), bit);
+        (j ? hi : lo) = _mm256_or_si256(j ? hi : lo, set);
+      }
+    }
+  }
+}
+
+SPECDEC_AVX2 inline __m256i broadcast_dword(const int8_t* q) {
+  int32_t dword;
+  std::memcpy(&dword, q, 4);
+  return _mm256_set1_epi32(dword);
+}
+
+// Rows r0 .. r0 + R - 1 of x (within one 16-row tile of PackedActs) times blocks [b0, b1): each half of a
+// block's group unpacked once for the R rows, each row's int16 then int32 sums in registers.
+template <int64_t KIND, int64_t R>
+SPECDEC_AVX2 void avx2_rows(const PackedActs& x, const uint8_t* w, int64_t stride, float* out, int64_t N, int64_t r0,
+                            int64_t b0, int64_t b1) {
+  static_assert(R >= 1 && R <= 16, "a row tile is at most 16 rows");
+  constexpr Format F = format_of(KIND);
+  constexpr int64_t GB = group_bytes(F), STEPS = F.G / 4;
+  constexpr int64_t RUN = F.bytes ? 1 : F.planes == 0 ? STEPS : F.planes == 1 ? 4 : 2;  // steps summed as int16
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t blk = b0; blk < b1; ++blk)
+    for (int64_t h = 0; h < 2; ++h) {
+      const uint8_t* p = w + blk * stride;
+      __m256 acc[R];
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+      for (int64_t g = 0; g < x.groups; ++g, p += GB) {
+        if (h == 0)
+          for (int64_t o = 0; o < GB; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + SPECDEC_PACKED_AHEAD + o), _MM_HINT_T0);
+        const int64_t at0 = x.at(r0, g);
+        const int8_t* q0 = x.q.data() + at0 * F.G;
+        __m256i sums[R], pairs[R];
+#pragma GCC unroll 16
+        for (int64_t r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256(), pairs[r] = _mm256_setzero_si256();
+        if constexpr (F.bytes) {  // Q8_0: the sign trick on q = byte - 128
+#pragma GCC unroll 1
+          for (int64_t i = 0; i < STEPS; ++i) {
+            __m256i code, unused;
+            avx2_steps<KIND>(p, i, h, code, unused);
+            const __m256i q = _mm256_xor_si256(code, _mm256_set1_epi8(static_cast<char>(0x80)));
+            const __m256i magnitude = _mm256_abs_epi8(q);
+#pragma GCC unroll 16
+            for (int64_t r = 0; r < R; ++r) {
+              const __m256i xs = _mm256_sign_epi8(broadcast_dword(q0 + r * F.G + 4 * i), q);
+              sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xs), ones));
+            }
+          }
+#pragma GCC unroll 16
+          for (int64_t r = 0; r < R; ++r)
+            sums[r] = _mm256_add_epi32(sums[r], _mm256_set1_epi32(128 * x.total[at0 + r]));
+        } else {
+#pragma GCC unroll 1
+          for (int64_t i = 0; i < STEPS / 2; ++i) {  // rolled: unrolled, GCC spilled the sums
+            __m256i lo, hi;
+            avx2_steps<KIND>(p, i, h, lo, hi);
+#pragma GCC unroll 16
+            for (int64_t r = 0; r < R; ++r) {
+              const int8_t* q = q0 + r * F.G;
+              pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, broadcast_dword(q + 4 * i)));
+              pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(hi, broadcast_dword(q + 4 * (i + STEPS / 2))));
+            }
+            if ((2 * (i + 1)) % RUN == 0) {
+#pragma GCC unroll 16
+              for (int64_t r = 0; r < R; ++r) {
+                sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs[r], ones));
+                pairs[r] = _mm256_setzero_si256();
+              }
+            }
+          }
+        }
+        const uint8_t* scales = p + code_bytes(F) + F.planes * plane_bytes(F);
+        __m256 a, b;
+        if constexpr (F.f32) {
+          a = _mm256_loadu_ps(reinterpret_cast<const float*>(scales) + 8 * h);
+          b = F.has_b ? _mm256_loadu_ps(reinterpret_cast<const float*>(scales + scale_bytes(F)) + 8 * h)
+                      : _mm256_mul_ps(a, _mm256_set1_ps(F.offset));
+        } else {
+          a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16 * h)));
+          b = F.has_b ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + scale_bytes(F) + 16 * h)))
+                      : _mm256_mul_ps(a, _mm256_set1_ps(F.offset));
+        }
+        const float* d = x.d.data() + at0;
+        const float* s = x.s.data() + at0;
+#pragma GCC unroll 16
+        for (int64_t r = 0; r < R; ++r) {  // accumulate_group's steps, 8 lanes at a time
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(a, _mm256_set1_ps(d[r])), acc[r]);
+          acc[r] = _mm256_fmadd_ps(b, _mm256_set1_ps(s[r]), acc[r]);
+        }
+      }
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < R; ++r) _mm256_storeu_ps(out + (r0 + r) * N + blk * PACKED_COLS + 8 * h, acc[r]);
+    }
+}
+
+#ifndef SPECDEC_AVX2_ROWS
+#define SPECDEC_AVX2_ROWS 8  // rows a tile on AVX2 (Zen 3, SmolLM2, 16 rows: 4 took 1.2x the time of 8, 16 about 8)
+#endif
+
+template <int64_t KIND, int64_t... Less>
+void avx2_rest(std::integer_sequence<int64_t, Less...>, const PackedActs& x, const uint8_t* w, int64_t stride,
+               float* out, int64_t N, int64_t r0, int64_t rows, int64_t b0, int64_t b1) {
+  ((rows == Less + 1 ? avx2_rows<KIND, Less + 1>(x, w, stride, out, N, r0, b0, b1) : void()), ...);
+}
+
+bool vnni_supported() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+}
+
+// Whether the packed products take vpdpbusd (where the CPU has AVX-512 VNNI; set_vnni turns it off, for
+// tests and benchmarks: the AVX2 products give the same bits).
+bool& vnni_on() {
+  static bool on = vnni_supported();
+  return on;
+}
+
 int64_t vnni_max_rows = 24;  // more rows go to AMX where it runs: even with vpdpbusd at 32 rows, 10-15 % faster
                               // at 64 (SmolLM2, Xeon); set_packed_rows changes it (tests, benchmarks)
 
@@ -876,15 +1052,22 @@ bool amx_int8() { return amx_granted(true); }
 template <int64_t KIND>
 void packed_matmul(const float* xp, const uint8_t* w, float* out, int64_t M, int64_t K, int64_t N) {
   constexpr Format F = format_of(KIND);
-  const bool amx = M > vnni_max_rows && amx_int8();
+  const bool amx = M > vnni_max_rows && vnni_on() && amx_int8();
   const PackedActs x = quantize_acts(xp, M, K, F.G);
   const int64_t blocks = N / PACKED_COLS, stride = K / F.G * group_bytes(F);
+  const bool vnni = vnni_on();
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     if (amx) {
       amx_rows<KIND>(x, w, stride, out, N, b0, b1);
       return;
     }
     int64_t r = 0;
+    if (!vnni) {
+      constexpr int64_t T = SPECDEC_AVX2_ROWS;
+      for (; r + T <= M; r += T) avx2_rows<KIND, T>(x, w, stride, out, N, r, b0, b1);
+      if (r < M) avx2_rest<KIND>(std::make_integer_sequence<int64_t, T - 1>{}, x, w, stride, out, N, r, M - r, b0, b1);
+      return;
+    }
     for (; r + 16 <= M; r += 16) vnni_rows<KIND, 16>(x, w, stride, out, N, r, b0, b1);
     if (r < M) vnni_rest<KIND>(std::make_integer_sequence<int64_t, 15>{}, x, w, stride, out, N, r, M - r, b0, b1);
   });
@@ -1066,14 +1249,13 @@ SPECDEC_AMX_BF16 bool tiles_left_as_found() {
 }
 
 bool packed_supported() {
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
 // x @ w.T on pack_int8's layout: int8 activations (packed_matmul), or for prompt rows the bfloat16 tiles
 // (prompt_matmul: K a multiple of 32, AMX-BF16).
 torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& w, int64_t kind, int64_t K, bool prompt) {
-  TORCH_CHECK(packed_supported(), "the packed int8 kernels need AVX-512 (F, BW) with VNNI");
+  TORCH_CHECK(packed_supported(), "the packed int8 kernels need AVX2, FMA and F16C");
   check_kind(kind);
   const Format f = format_of(kind);
   TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w: packed uint8 blocks");
@@ -1289,7 +1471,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "setting");
   m.def("pack_int8", &pack_int8, "a matrix's blocks (N a multiple of 16) in the layout of the packed int8 kernels",
         py::arg("w"), py::arg("kind"), py::arg("in_features"));
-  m.def("packed_supported", &packed_supported, "whether this CPU runs the packed int8 kernels (AVX-512 VNNI)");
+  m.def("packed_supported", &packed_supported, "whether this CPU runs the packed int8 kernels (AVX2, FMA, F16C)");
+  m.def("vnni", [] { return vnni_on(); }, "whether the packed int8 kernels take vpdpbusd here (AVX-512 VNNI), else AVX2");
+  m.def("set_vnni", [](bool on) { return std::exchange(vnni_on(), on && vnni_supported()); },
+        "turn vpdpbusd (and AMX-INT8) off or on again, for tests and benchmarks (the AVX2 products give the same bits)",
+        py::arg("on"));
   m.def("amx_int8", &amx_int8, "whether the packed int8 kernels take many rows on AMX-INT8 tiles here");
   m.def("set_packed_rows", [](int64_t rows) { return std::exchange(vnni_max_rows, rows); },
         "the most rows the packed kernels multiply on vpdpbusd before AMX takes them (default 24); returns the "

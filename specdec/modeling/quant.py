@@ -49,14 +49,23 @@ def unavailable_reason() -> str | None:
 
 
 def packed_int8() -> bool:
-    """Whether int8 activations run on the packed kernels here (AVX-512 VNNI; AMX-INT8 for many rows)."""
+    """Whether int8 activations run on the packed kernels here (AVX2 and F16C; vpdpbusd where the CPU has
+    AVX-512 VNNI, AMX-INT8 for many rows where it has that)."""
     module = load()
     return module is not None and module.packed_supported() and os.environ.get("SPECDEC_QUANT_PACKED", "1") != "0"
 
 
 def amx_int8() -> bool:
     """Whether the packed kernels take many rows on AMX-INT8 tiles here."""
-    return packed_int8() and load().amx_int8()
+    return packed_int8() and load().vnni() and load().amx_int8()
+
+
+def packed_isa() -> str | None:
+    """The instructions the packed kernels multiply with here: "amx" (AMX-INT8 for many rows, vpdpbusd for
+    few), "vnni" (vpdpbusd), "avx2" (vpmaddubsw); None where they do not run."""
+    if not packed_int8():
+        return None
+    return "amx" if amx_int8() else "vnni" if load().vnni() else "avx2"
 
 
 @dataclass(frozen=True)
