@@ -9,8 +9,9 @@ against transformers' generate().
 Paths: "lean+tiles" (kernels.cpp on AMX tiles, where the CPU has them), "lean+kernels" (kernels.cpp's
 AVX-512 BF16 dot products, passes of up to 16 rows; longer ones fall to oneDNN), "lean" (oneDNN's
 pre-packed products, the path without kernels.cpp). With --gguf also the target's own GGUF blocks with
-int8 activations (a float32 copy of the model): "gguf-int8 packed" (quant.cpp's AVX-512 VNNI / AMX-INT8
-kernels, where the CPU has them) and "gguf-int8 avx2" (its AVX2 kernels).
+int8 activations (a float32 copy of the model): "gguf-int8 packed" (quant.cpp's kernels on the blocks
+repacked at load: AVX-512 VNNI / AMX-INT8 where the CPU has them, else AVX2) and "gguf-int8 avx2" (its
+AVX2 kernels on the file's blocks as they are).
 """
 
 import argparse

@@ -53,9 +53,9 @@ def add_model_args(parser: argparse.ArgumentParser, drafter: bool = True, repeat
                         help="a built-in target's linear layers: gguf (the file's own 4/8-bit blocks, float32 "
                              "activations: the float model's exact weights), gguf-int8 (activations quantised to "
                              "int8 per 32 as llama.cpp does: faster, perplexity +0-0.5 %%), float (dequantised, in --dtype), "
-                             "auto (gguf-int8 where measured faster, with --dtype auto and the lean backend: on "
-                             "CPUs without AVX-512 BF16, and on those with AVX-512 VNNI, where the blocks are "
-                             "repacked for it and AMX-INT8; default)")
+                             "auto (gguf-int8 where measured faster, with --dtype auto and the lean backend: the "
+                             "blocks repacked at load for AVX2, AVX-512 VNNI or AMX-INT8, whichever the CPU has; "
+                             "default)")
 
 
 def add_dtype(parser: argparse.ArgumentParser) -> None:

@@ -202,7 +202,7 @@ class DraftNet(nn.Module):
         quantised to int8 per row and group of 32, as the target's GGUF blocks run: one draft token
         reads ~1 byte a weight instead of bf16's 2, and a layer is one call (quant.layer_step).
         Inference only; the draft's numbers are its own (exactness never depends on them: the verifier
-        uses the q the tokens were drawn from). Needs quant.packed_int8() (AVX-512 VNNI)."""
+        uses the q the tokens were drawn from). Packed where quant.packed_int8() (AVX2 and F16C)."""
         from ..modeling import quant, rowops
 
         if self.head.dtype != torch.float32 or self.head.device.type != "cpu":

@@ -162,7 +162,7 @@ then bound by the calls, not the bytes."""
 
 def draft_blocks() -> str | None:
     """The block type trained eagle/eagle3 nets draft with here, or None where they keep float weights
-    (no AVX-512 VNNI for quant.cpp's packed int8 kernels, or SPECDEC_DRAFT_BLOCKS=0)."""
+    (no quant.cpp packed int8 kernels here: they need AVX2 and F16C; or SPECDEC_DRAFT_BLOCKS=0)."""
     from ..modeling import quant
 
     kind = os.environ.get("SPECDEC_DRAFT_BLOCKS", DRAFT_BLOCKS)
@@ -178,7 +178,7 @@ def load_net(directory: str | Path, target) -> DraftNet:
     """The drafter's network for `target` (a LoadedModel), on its device, drafting on the fastest
     path here:
 
-    - eagle and eagle3 on a CPU with AVX-512 VNNI: every matrix as int8 blocks (`draft_blocks`,
+    - eagle and eagle3 where quant.cpp's packed kernels run (AVX2): every matrix as int8 blocks (`draft_blocks`,
       DraftNet.use_blocks), float32 activations quantised to int8 as the GGUF target's are: one draft
       token reads ~1 byte a weight and a layer is one call (c, a draft token's cost over a target
       step, 0.35 -> 0.09 on the blocks target, measured: docs/results.md);

@@ -26,8 +26,8 @@
 // emits token for token at T = 0.
 //
 // AVX2 + FMA + F16C (Intel since Haswell, AMD since Excavator); supported() checks AVX2 and FMA at run time.
-// Where the CPU has AVX-512 VNNI (and AMX-INT8), int8 activations run on blocks repacked at load
-// (pack_int8, linear_packed: see the section below).
+// With int8 activations the blocks are repacked at load (pack_int8, linear_packed: see the section below)
+// for vpdpbusd (AVX-512 VNNI), AMX-INT8 tiles, or vpmaddubsw on AVX2, the same numbers on each.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>

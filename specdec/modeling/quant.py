@@ -9,10 +9,11 @@ A fused projection whose parts have different block types (Gemma's Q5_0 q/k besi
 The kernels need AVX2, FMA and F16C (quant.cpp); `load()` returns None elsewhere and `unavailable_reason()`
 says why. SPECDEC_QUANT=0 turns them off.
 
-With int8 activations on a CPU with AVX-512 VNNI, `pack_int8` rewrites each matrix once at load into the
-layout of quant.cpp's packed kernels (codes in VNNI order per 16 output rows and group; vpdpbusd for up
-to 24 rows, AMX-INT8 tiles for more where the CPU has them, the same numbers either way); `packed_int8()`
-says whether they run here, SPECDEC_QUANT_PACKED=0 keeps the AVX2 int8 kernels. A prompt's rows (a pass
+With int8 activations, `pack_int8` rewrites each matrix once at load into the layout of quant.cpp's
+packed kernels (codes in VNNI order per 16 output rows and group): vpdpbusd for up to 24 rows where the
+CPU has AVX-512 VNNI, AMX-INT8 tiles for more where it has them, vpmaddubsw on AVX2 elsewhere, the same
+numbers on each (`packed_isa()` says which runs); SPECDEC_QUANT_PACKED=0 keeps the unpacked AVX2 int8
+kernels. A prompt's rows (a pass
 that wants no logits) of packed blocks take AMX-BF16 tiles where the CPU has them: the matrix dequantised
 to bfloat16 once a call, the rows rounded to bfloat16, float sums over all of K (the int8 tiles are bound
 by their per-group float steps over hundreds of rows); every prompt row takes them whatever the chunk, so
