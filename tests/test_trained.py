@@ -13,6 +13,7 @@ from specdec.backends import LeanBackend, TransformersBackend
 from specdec.cli import main
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import LookupElseTrained, ModelDrafter, PromptLookupDrafter, build_drafter
+from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.nets import DraftConfig, DraftNet
 from specdec.drafters.trained import (
     DraftLMBackend,
@@ -68,6 +69,44 @@ def random_drafter(kind: str, target, vocab: torch.Tensor, seed: int = 0):
     if kind.startswith("lookup-else-"):  # prompt lookup where it matches, the trained drafter elsewhere
         return LookupElseTrained(PromptLookupDrafter(), EagleDrafter(net, "test"))
     return (EagleDrafter if kind in ("eagle", "eagle3") else MedusaDrafter)(net, "test")
+
+
+class _Fixed(Drafter):
+    """Always proposes `tokens` (a point-mass chain); counts its proposals."""
+
+    def __init__(self, tokens):
+        self.tokens, self.asked, self.name = tokens, 0, "fixed"
+
+    def propose(self, context, gamma, sampling, generator):
+        self.asked += 1
+        return Proposal(tokens=torch.tensor(self.tokens))
+
+
+def test_router_takes_lookup_only_for_match_lengths_accepted_as_often_as_the_trained_drafter():
+    """lookup-else-trained keeps, per match length, how many tokens lookup's rounds were accepted for:
+    1-token matches rejected every round go to the trained drafter (accepted 1 a round), 3-token
+    matches that are accepted stay with lookup; a new sequence starts over."""
+    lookup, trained = PromptLookupDrafter(), _Fixed([7, 7])
+    router = LookupElseTrained(lookup, trained)
+    greedy, g = SamplingParams(), torch.Generator()
+    one = torch.tensor([5, 1, 2, 3, 9, 1])  # ends in 1, seen before, no longer n-gram repeats
+    three = torch.tensor([5, 1, 2, 3, 9, 1, 2, 3])  # ends in 1 2 3, seen before
+    router.begin(one)
+
+    def round_of(context, accepted):
+        proposal = router.propose(context, 2, greedy, g)
+        router.feedback(context.numel() + accepted)
+        return proposal
+
+    for _ in range(2):  # tried first (its prior: 2 tokens a round), rejected twice: below the trained drafter's 1
+        assert round_of(one, 0).tokens.tolist() == [2, 3] and lookup.matched == 1
+    assert trained.asked == 0
+    for _ in range(3):  # the trained drafter's rounds are accepted for 1 token; lookup's 1-token ones for 0
+        assert round_of(one, 1).tokens.tolist() == [7, 7]
+    assert trained.asked == 3
+    assert round_of(three, 2).tokens.tolist() == [9, 1] and lookup.matched == 3
+    router.begin(one)
+    assert round_of(one, 0).tokens.tolist() == [2, 3]
 
 
 @pytest.mark.parametrize("kind", ["draft-lm", "eagle"])

@@ -32,6 +32,8 @@ class PromptLookupDrafter(Drafter):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self.matched = 0
+        """The n of the latest proposal's match (0: none)."""
 
     def ngram_sizes(self, context: torch.Tensor) -> range:
         """The n to try, longest first."""
@@ -44,10 +46,12 @@ class PromptLookupDrafter(Drafter):
 
     def matches(self, context: torch.Tensor) -> tuple[int, list[int]]:
         """The longest n whose final n-gram occurred before, and where each earlier occurrence
-        starts, oldest first; (0, []) when none did."""
+        starts, oldest first; (0, []) when none did. `matched` keeps that n (for routers)."""
+        self.matched = 0
         for n in self.ngram_sizes(context):
             hits = self.hits(context, n)
             if hits:
+                self.matched = n
                 return n, hits
         return 0, []
 
