@@ -246,6 +246,43 @@ SPECDEC_AVX2 void tile_factored(const float* x, const float* xsum, const uint8_t
   }
 }
 
+// One group of G (16 or 32) activations rounded to int8 as llama.cpp's Q8 dot products take them: x ~ d q
+// with d = max|x| / 127 and q = round(x / d) (ties to even, as std::nearbyint), |q| <= 127. Writes the G
+// codes in order to q, the codes' sum to total, and returns d.
+SPECDEC_AVX2 inline float quantize_group(const float* v, int64_t G, int8_t* q, int32_t& total) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packs interleaves 128-bit halves
+  __m256 part[4], amax = _mm256_setzero_ps();
+  for (int64_t i = 0; i < G / 8; ++i) {
+    part[i] = _mm256_loadu_ps(v + 8 * i);
+    amax = _mm256_max_ps(amax, _mm256_and_ps(part[i], magnitude));
+  }
+  __m128 top = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  top = _mm_max_ps(top, _mm_movehl_ps(top, top));
+  const float largest = _mm_cvtss_f32(_mm_max_ss(top, _mm_movehdup_ps(top)));
+  const __m256 inverse = _mm256_set1_ps(largest > 0.f ? 127.f / largest : 0.f);
+  __m256i codes[4], sum = _mm256_setzero_si256();
+  for (int64_t i = 0; i < G / 8; ++i) {  // |x / d| <= 127 (+ rounding)
+    codes[i] = _mm256_min_epi32(_mm256_set1_epi32(127), _mm256_max_epi32(_mm256_set1_epi32(-127),
+                                _mm256_cvtps_epi32(_mm256_mul_ps(part[i], inverse))));
+    sum = _mm256_add_epi32(sum, codes[i]);
+  }
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  total = _mm_cvtsi128_si32(t);
+  if (G == 32) {
+    const __m256i bytes = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(codes[0], codes[1]), _mm256_packs_epi32(codes[2], codes[3])), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
+  } else {  // G = 16: two vectors of 8
+    const __m128i bytes = _mm_packs_epi16(_mm_packs_epi32(_mm256_castsi256_si128(codes[0]), _mm256_extracti128_si256(codes[0], 1)),
+                                          _mm_packs_epi32(_mm256_castsi256_si128(codes[1]), _mm256_extracti128_si256(codes[1], 1)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), bytes);
+  }
+  return largest / 127.f;
+}
+
 // Activations quantised per row and group of 32 (what llama.cpp's Q8 dot products take): x ~ d q with
 // d = max|x| / 127 and q = round(x / d) in int8 (ties to even), and s = d * (sum of the group's q), for
 // the types whose weights have an offset. A row's groups are padded with zeros to a multiple of 8 (the
@@ -260,34 +297,12 @@ struct Int8Rows {
 SPECDEC_AVX2 Int8Rows quantize_rows(const float* x, int64_t M, int64_t K) {
   const int64_t G = K / QK, P = (G + 7) / 8 * 8;
   Int8Rows out{P, std::vector<int8_t>(M * P * QK, 0), std::vector<float>(M * P, 0.f), std::vector<float>(M * P, 0.f)};
-  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packs interleaves 128-bit halves
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < G; ++g) {
-      const float* v = x + m * K + g * QK;
-      __m256 part[4], amax = _mm256_setzero_ps();
-      for (int i = 0; i < 4; ++i) {
-        part[i] = _mm256_loadu_ps(v + 8 * i);
-        amax = _mm256_max_ps(amax, _mm256_and_ps(part[i], magnitude));
-      }
-      __m128 top = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-      top = _mm_max_ps(top, _mm_movehl_ps(top, top));
-      const float largest = _mm_cvtss_f32(_mm_max_ss(top, _mm_movehdup_ps(top)));
-      const __m256 inverse = _mm256_set1_ps(largest > 0.f ? 127.f / largest : 0.f);
-      __m256i codes[4];
-      for (int i = 0; i < 4; ++i)  // round to nearest even, as std::nearbyint; |x / d| <= 127 (+ rounding)
-        codes[i] = _mm256_min_epi32(_mm256_set1_epi32(127),
-                                    _mm256_max_epi32(_mm256_set1_epi32(-127),
-                                                     _mm256_cvtps_epi32(_mm256_mul_ps(part[i], inverse))));
-      __m256i total = _mm256_add_epi32(_mm256_add_epi32(codes[0], codes[1]), _mm256_add_epi32(codes[2], codes[3]));
-      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
-      const __m256i bytes = _mm256_permutevar8x32_epi32(
-          _mm256_packs_epi16(_mm256_packs_epi32(codes[0], codes[1]), _mm256_packs_epi32(codes[2], codes[3])), order);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + (m * P + g) * QK), bytes);
-      out.d[m * P + g] = largest / 127.f;
-      out.s[m * P + g] = out.d[m * P + g] * static_cast<float>(_mm_cvtsi128_si32(t));
+      int32_t total;
+      const float d = quantize_group(x + m * K + g * QK, QK, out.q.data() + (m * P + g) * QK, total);
+      out.d[m * P + g] = d;
+      out.s[m * P + g] = d * static_cast<float>(total);
     }
   return out;
 }
@@ -631,44 +646,10 @@ SPECDEC_AVX2 PackedActs quantize_acts(const float* x, int64_t M, int64_t K, int6
   const int64_t groups = K / G, Mp = (M + 15) / 16 * 16;
   PackedActs out{M, K, groups, std::vector<int8_t>(Mp * K, 0), std::vector<float>(Mp * groups, 0.f),
                  std::vector<float>(Mp * groups, 0.f), std::vector<int32_t>(Mp * groups, 0)};
-  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packs interleaves 128-bit halves
   for (int64_t m = 0; m < M; ++m)
     for (int64_t g = 0; g < groups; ++g) {
-      const float* v = x + m * K + g * G;
-      __m256 part[4], amax = _mm256_setzero_ps();
-      for (int64_t i = 0; i < G / 8; ++i) {
-        part[i] = _mm256_loadu_ps(v + 8 * i);
-        amax = _mm256_max_ps(amax, _mm256_and_ps(part[i], magnitude));
-      }
-      __m128 top = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-      top = _mm_max_ps(top, _mm_movehl_ps(top, top));
-      const float largest = _mm_cvtss_f32(_mm_max_ss(top, _mm_movehdup_ps(top)));
-      const __m256 inverse = _mm256_set1_ps(largest > 0.f ? 127.f / largest : 0.f);
-      __m256i codes[4], sum = _mm256_setzero_si256();
-      for (int64_t i = 0; i < G / 8; ++i) {  // round to nearest even; |x / d| <= 127 (+ rounding)
-        codes[i] = _mm256_min_epi32(_mm256_set1_epi32(127), _mm256_max_epi32(_mm256_set1_epi32(-127),
-                                    _mm256_cvtps_epi32(_mm256_mul_ps(part[i], inverse))));
-        sum = _mm256_add_epi32(sum, codes[i]);
-      }
-      __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
-      t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
       const int64_t at = out.at(m, g);
-      int8_t* q = out.q.data() + at * G;
-      for (int64_t i = 0; i < G / 32; ++i) {
-        const __m256i bytes = _mm256_permutevar8x32_epi32(
-            _mm256_packs_epi16(_mm256_packs_epi32(codes[4 * i], codes[4 * i + 1]),
-                               _mm256_packs_epi32(codes[4 * i + 2], codes[4 * i + 3])), order);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * i), bytes);
-      }
-      if (G % 32) {  // G = 16: two vectors of 8
-        const __m128i bytes = _mm_packs_epi16(_mm_packs_epi32(_mm256_castsi256_si128(codes[0]), _mm256_extracti128_si256(codes[0], 1)),
-                                              _mm_packs_epi32(_mm256_castsi256_si128(codes[1]), _mm256_extracti128_si256(codes[1], 1)));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(q), bytes);
-      }
-      out.total[at] = _mm_cvtsi128_si32(t);
-      out.d[at] = largest / 127.f;
+      out.d[at] = quantize_group(x + m * K + g * G, G, out.q.data() + at * G, out.total[at]);
       out.s[at] = out.d[at] * static_cast<float>(out.total[at]);
     }
   return out;
@@ -715,7 +696,7 @@ __attribute__((always_inline)) SPECDEC_VNNI inline __m512 accumulate_group(__m51
   return _mm512_fmadd_ps(b, _mm512_set1_ps(s), acc);
 }
 
-SPECDEC_VNNI inline void prefetch_group(const uint8_t* p, int64_t bytes) {
+SPECDEC_AVX2 inline void prefetch_group(const uint8_t* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + SPECDEC_PACKED_AHEAD + o), _MM_HINT_T0);
 }
 
@@ -947,8 +928,7 @@ SPECDEC_AVX2 void avx2_rows(const PackedActs& x, const uint8_t* w, int64_t strid
 #pragma GCC unroll 16
       for (int64_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
       for (int64_t g = 0; g < x.groups; ++g, p += GB) {
-        if (h == 0)
-          for (int64_t o = 0; o < GB; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + SPECDEC_PACKED_AHEAD + o), _MM_HINT_T0);
+        if (h == 0) prefetch_group(p, GB);
         const int64_t at0 = x.at(r0, g);
         const int8_t* q0 = x.q.data() + at0 * F.G;
         __m256i sums[R], pairs[R];
