@@ -11,6 +11,9 @@ tensor([[0.7310, 0.2690, 0.0000]])
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import torch
 
 from .config import SamplingParams
@@ -83,20 +86,30 @@ def samples(dist: torch.Tensor, generator: torch.Generator, n: int) -> list[int]
 _MASK = (1 << 64) - 1
 
 
-def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
-    """(vocab,) i.i.d. Exp(1) noise keyed by (seed, position): the same for whoever draws at that
-    position of that request — the target, a drafter, a plain or a speculative run."""
+@functools.lru_cache(maxsize=64)
+def _noise(seed: int, position: int, vocab: int) -> np.ndarray:
     key = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & _MASK
     key ^= key >> 31
-    generator = torch.Generator().manual_seed(key)
-    return torch.empty(vocab, dtype=torch.float64).exponential_(generator=generator)
+    noise = np.random.Generator(np.random.PCG64(key)).standard_exponential(vocab)
+    noise.flags.writeable = False  # shared by every draw at this position
+    return noise
+
+
+def position_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """(vocab,) i.i.d. Exp(1) noise keyed by (seed, position): the same for whoever draws at that
+    position of that request — the target, a drafter, a plain or a speculative run. NumPy's PCG64
+    and ziggurat make it in ~0.2 ms for a 49k vocabulary (torch's exponential_ took ~1.1 ms, a
+    third of a plain decoding step at T > 0), and the latest positions' noise is kept: in a
+    speculative round the drafter and the target draw at the same positions."""
+    return torch.tensor(_noise(seed, position, vocab))
 
 
 def coupled_draw(dist: torch.Tensor, seed: int, position: int) -> int:
     """argmax_x p(x) / E_x with E ~ Exp(1) keyed by (seed, position): an exact draw from `dist`
     (P(x wins) = p(x) / Σ p: the exponential race, i.e. the Gumbel-max trick), and the same token
-    for any two distributions whose race the same noise decides."""
-    return int(torch.argmax(dist.double() / position_noise(seed, position, dist.shape[-1])))
+    for any two distributions whose race the same noise decides. In float64, the first of equals."""
+    noise = _noise(seed, position, dist.shape[-1])
+    return int(np.argmax(dist.detach().cpu().numpy().astype(np.float64) / noise))
 
 
 def draw(dist: torch.Tensor, sampling: SamplingParams, generator: torch.Generator, position: int) -> int:
