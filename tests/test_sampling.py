@@ -44,6 +44,28 @@ def test_top_p_keeps_smallest_set_reaching_p():
     assert kept(0.01) == 1  # the top token always stays
 
 
+def test_top_p_from_the_likeliest_candidates_is_the_whole_sort_rule():
+    """probs sorts only the likeliest tokens (64, then 512, then all): the kept set is the rule's on a
+    whole float64 sort (keep a token while the mass before it is below top_p), wherever the mass
+    before it is not within rounding of top_p; every row on its own, as in a batch. The rows range
+    from flat (hundreds kept: the whole sort) to peaked (a few kept), side by side."""
+    scales = torch.tensor([0.2, 1.0, 12.0, 0.2, 1.0, 12.0])[:, None]
+    logits = torch.randn(6, 5000, generator=torch.Generator().manual_seed(3)) * scales
+    for top_p in (0.3, 0.9, 0.99):
+        got = probs(logits, SamplingParams(temperature=1.0, top_p=top_p)) > 0
+        p = logits.double().softmax(dim=-1)
+        ordered, order = p.sort(dim=-1, descending=True)
+        before = ordered.cumsum(dim=-1) - ordered
+        want = torch.zeros_like(got).scatter(-1, order, before < top_p)
+        decided = torch.zeros_like(got).scatter(-1, order, (before - top_p).abs() > 1e-5)
+        assert torch.equal(got[decided], want[decided]), top_p
+        for row in range(logits.shape[0]):  # a row's kept set does not depend on the rows beside it
+            alone = probs(logits[row : row + 1], SamplingParams(temperature=1.0, top_p=top_p)) > 0
+            assert torch.equal(alone[0], got[row])
+    kept = want.sum(dim=-1)
+    assert int(kept[0]) > 512 and int(kept[2]) < 64  # flat rows took the whole sort, peaked ones 64
+
+
 @pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1),
                                     dict(temperature=float("nan"))])
 def test_bad_sampling_params(kwargs):
