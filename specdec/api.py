@@ -16,7 +16,7 @@ import torch
 from .backends import target_backend
 from .backends.gguf import load_dtype
 from .config import WEIGHTS, SamplingParams, SpecConfig
-from .drafters import build_drafter, target_weights
+from .drafters import build_drafter, drafts_on_blocks, target_weights
 from .engine import Generation, SpeculativeEngine
 from .errors import SpecdecError
 from .metrics import GenerationStats
@@ -62,7 +62,8 @@ class SpecDec:
         if weights not in WEIGHTS:
             raise SpecdecError(f"unknown weights {weights!r}: use {', '.join(WEIGHTS)}")
         weights = target_weights(weights, [drafter])
-        self.target = load_model(target, load_dtype(dtype, weights, target, backend, device), device)
+        self.target = load_model(target, load_dtype(dtype, weights, target, backend, device,
+                                                    blocks_drafter=drafts_on_blocks([drafter])), device)
         target_pass = target_backend(self.target, backend, weights, dtype)
         self.drafter = build_drafter(drafter, self.target, dtype, device, backend,
                                      target_on_blocks=target_pass.gguf is not None)

@@ -556,6 +556,25 @@ def test_choosing_weights():
         assert choose_weights("gguf", path, f32, "float32", "auto") is path
 
 
+def test_dtype_auto_is_float32_where_the_blocks_are_asked_for():
+    """--dtype auto with --weights gguf / gguf-int8 or the self-q4 drafter loads a built-in target in
+    float32, the only dtype the blocks take (it loaded bf16 on AVX-512 BF16 CPUs, and then the blocks
+    failed with an error that suggested --dtype auto); an explicit dtype, another target or the
+    transformers backend keep what was asked."""
+    from specdec.backends.gguf import load_dtype
+    from specdec.drafters import drafts_on_blocks
+
+    for weights in ("gguf", "gguf-int8"):
+        assert load_dtype("auto", weights, "smollm2-135m") == "float32"
+        assert load_dtype("bfloat16", weights, "gemma3-270m") == "bfloat16"  # then choose_weights says why not
+    assert load_dtype("auto", "float", "smollm2-135m", blocks_drafter=drafts_on_blocks(["self-q4"])) == "float32"
+    assert not drafts_on_blocks(["auto", "trained", "model:x"])
+    assert load_dtype("auto", "gguf", "/some/hf/dir") == "auto"
+    assert load_dtype("auto", "gguf", "smollm2-135m", backend="transformers") == "auto"
+    assert load_dtype("auto", "float", "smollm2-135m") == "auto"
+    assert load_dtype("auto", "auto", "smollm2-135m") == ("float32" if quant.packed_int8() else "auto")
+
+
 def test_self_q4_drafts_for_the_float_target(kernels, builtin_model):
     """The target's own blocks (int8 activations) draft for its float32 weights: most drafts are
     accepted (0.97-0.99 over the benchmark's prompts), and the output is the float target's greedy output."""

@@ -135,13 +135,17 @@ class GGUFWeights:
         return self.tensors.get("token_embd.weight")
 
 
-def load_dtype(dtype: str, weights: str, target: str, backend: str = "auto", device: str = "cpu") -> str:
-    """The dtype to load `target` in: `dtype`, except that `--dtype auto --weights auto` loads a built-in
-    GGUF target in float32 for the lean backend where quant.cpp's packed int8 kernels run (AVX2 and F16C):
-    its blocks with int8 activations then run plain decoding ~2x faster than bf16 on kernels.cpp (AVX-512
-    BF16, AMX tiles included: docs/results.md), and on AVX2-only CPUs float32 is what `auto` loads anyway."""
-    if (dtype == "auto" and weights == "auto" and target in BUILTIN_TARGETS and backend != "transformers"
-            and device == "cpu" and quant.packed_int8()):
+def load_dtype(dtype: str, weights: str, target: str, backend: str = "auto", device: str = "cpu",
+               blocks_drafter: bool = False) -> str:
+    """The dtype to load `target` in: `dtype`, except that `--dtype auto` loads a built-in GGUF target for
+    the lean backend in float32 (the only dtype the blocks take) where the blocks are asked for
+    (`--weights gguf` or `gguf-int8`, or a drafter that drafts on them: `blocks_drafter`, self-q4), and,
+    under `--weights auto`, where quant.cpp's packed int8 kernels run (AVX2 and F16C): its blocks with int8
+    activations then run plain decoding ~2x faster than bf16 on kernels.cpp (AVX-512 BF16, AMX tiles
+    included: docs/results.md), and on AVX2-only CPUs float32 is what `auto` loads anyway."""
+    if dtype != "auto" or target not in BUILTIN_TARGETS or backend == "transformers" or device != "cpu":
+        return dtype
+    if weights in ("gguf", "gguf-int8") or blocks_drafter or (weights == "auto" and quant.packed_int8()):
         return "float32"
     return dtype
 

@@ -18,7 +18,7 @@ from .. import theory
 from ..backends import target_backend
 from ..backends.gguf import load_dtype
 from ..config import SamplingParams, SpecConfig
-from ..drafters import build_drafter, parse_drafter, target_weights
+from ..drafters import build_drafter, drafts_on_blocks, parse_drafter, target_weights
 from ..engine import SpeculativeEngine
 from ..errors import SpecdecError
 from ..models import load_model
@@ -88,7 +88,8 @@ def run_bench(config: BenchConfig, progress=None, log=None) -> list[dict]:
     the user (default: stderr)."""
     log = log or (lambda message: print(f"specdec: {message}", file=sys.stderr))
     weights = target_weights(config.weights, config.drafters)
-    target = load_model(config.target, load_dtype(config.dtype, weights, config.target, config.backend))
+    target = load_model(config.target, load_dtype(config.dtype, weights, config.target, config.backend,
+                                                  blocks_drafter=drafts_on_blocks(config.drafters)))
     prompts = collect_prompts(config)
     if not target.has_chat_template and any(p.follow_up for p in prompts):  # checked before minutes of runs
         prompts = [p for p in prompts if not p.follow_up]

@@ -20,7 +20,7 @@ __all__ = ["AutoPromptLookup", "Drafter", "Proposal", "ByTemperature", "LookupEl
            "NGramDrafter", "NGramTable", "NGramTreeDrafter",
            "PromptLookupDrafter", "PromptLookupTreeDrafter", "SequenceHistory", "SuffixDrafter", "DRAFTER_KINDS",
            "DRAFTER_SYNTAX", "TRAINED_ALSO_AT_T0", "build_drafter", "check_same_tokenizer", "parse_drafter",
-           "shipped_drafter", "target_weights"]
+           "drafts_on_blocks", "shipped_drafter", "target_weights"]
 
 
 TRAINED_ALSO_AT_T0 = frozenset({"gemma3-270m", "smollm2-135m"})
@@ -59,10 +59,16 @@ def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str, dr
         )
 
 
+def drafts_on_blocks(drafter_specs: list[str]) -> bool:
+    """Whether one of these drafters drafts with the target's GGUF blocks (self-q4): the target must
+    then be loaded in float32, the dtype the blocks take."""
+    return any(parse_drafter(spec)[0] == "self-q4" for spec in drafter_specs)
+
+
 def target_weights(weights: str, drafter_specs: list[str]) -> str:
     """--weights for a target drafted for by these drafters: `auto` means float when one of them is
     self-q4 (it drafts with the GGUF blocks for the target on its float weights)."""
-    if weights == "auto" and any(parse_drafter(spec)[0] == "self-q4" for spec in drafter_specs):
+    if weights == "auto" and drafts_on_blocks(drafter_specs):
         return "float"
     return weights
 
