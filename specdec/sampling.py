@@ -68,8 +68,10 @@ def adjust(logits: torch.Tensor, params: SamplingParams, counts: torch.Tensor | 
     if params.logit_bias:
         tokens = torch.tensor([t for t, _ in params.logit_bias])
         logits[:, tokens] += torch.tensor([b for _, b in params.logit_bias], dtype=logits.dtype)
-    if counts is not None:
-        logits -= counts * params.frequency_penalty + (counts > 0).to(logits.dtype) * params.presence_penalty
+    if counts is not None:  # only the tokens that occurred: the same numbers, without five (n, V) temporaries
+        seen = (counts.amax(dim=0) > 0).nonzero().flatten()  # counts are >= 0; amax is the fast reduction
+        part = counts[:, seen]
+        logits[:, seen] -= part * params.frequency_penalty + (part > 0).to(logits.dtype) * params.presence_penalty
     return logits
 
 
@@ -78,8 +80,8 @@ def row_counts(output_counts: torch.Tensor, tokens: torch.Tensor, sees: torch.Te
     the row's own path. tokens (n,) are the drafts; sees (n + 1, n) says which drafts row r's next
     token follows (a chain's row r: drafts 0..r-1; a tree's: the node's ancestors and itself)."""
     counts = output_counts.repeat(sees.shape[0], 1)  # (n + 1, V)
-    for j, token in enumerate(tokens.tolist()):
-        counts[sees[:, j], token] += 1
+    rows, drafts = sees.nonzero(as_tuple=True)  # row r sees draft j: one more of tokens[j] in row r
+    counts.index_put_((rows, tokens[drafts]), torch.ones(rows.numel(), dtype=counts.dtype), accumulate=True)
     return counts
 
 
