@@ -33,25 +33,32 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return scores.softmax(dim=-1)
 
 
-TOP_P_CANDIDATES = (64, 512)
-"""top-p looks at this many likeliest tokens first, then at that many, then at all while they hold less
-than top_p (a language model's top-p set rarely holds more than a few dozen)."""
+TOP_P_CANDIDATES = (64, 512, 4096)
+"""top-p looks at this many likeliest tokens of a row first, then at that many, ..., then at all while they
+hold less than top_p (a language model's top-p set is mostly a few dozen tokens, a few thousand where it is
+unsure)."""
 
 
 def _beyond_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     """(n, V) True where top-p drops a token: where the mass of the tokens before it, likeliest
     first, already reaches top_p (the top token always stays). Sorting a whole 49k vocabulary cost
     ~5 ms a row on the CPU, more than a decoding step; the tokens past the likeliest few whose mass
-    reaches top_p are all dropped (the mass before them only grows), so only those few are sorted."""
+    reaches top_p are all dropped (the mass before them only grows), so only those few are sorted,
+    row by row (a row's set never depends on the rows beside it)."""
     p = scores.softmax(dim=-1)
     vocab = p.shape[-1]
-    for k in [min(vocab, k) for k in TOP_P_CANDIDATES] + [vocab]:
-        top = p.topk(k, dim=-1)  # (n, k), likeliest first
+    drop = torch.ones_like(p, dtype=torch.bool)
+    pending = torch.arange(p.shape[0])
+    for k in [k for k in TOP_P_CANDIDATES if k < vocab] + [vocab]:
+        top = p[pending].topk(k, dim=-1)  # (rows, k), likeliest first
         mass = top.values.cumsum(dim=-1)
-        if k == vocab or bool((mass[:, -1] >= top_p).all()):
-            break
-    kept = (mass - top.values) < top_p
-    return torch.ones_like(p, dtype=torch.bool).scatter(-1, top.indices, ~kept)
+        done = mass[:, -1] >= top_p if k < vocab else torch.ones(pending.numel(), dtype=torch.bool)
+        kept = (mass[done] - top.values[done]) < top_p
+        drop[pending[done]] = drop[pending[done]].scatter(-1, top.indices[done], ~kept)
+        pending = pending[~done]
+        if not pending.numel():
+            return drop
+    return drop
 
 
 def adjust(logits: torch.Tensor, params: SamplingParams, counts: torch.Tensor | None = None) -> torch.Tensor:

@@ -45,7 +45,7 @@ def test_top_p_keeps_smallest_set_reaching_p():
 
 
 def test_top_p_from_the_likeliest_candidates_is_the_whole_sort_rule():
-    """probs sorts only the likeliest tokens (64, then 512, then all): the kept set is the rule's on a
+    """probs sorts only the likeliest tokens of a row (64, 512, 4096, then all): the kept set is the rule's on a
     whole float64 sort (keep a token while the mass before it is below top_p), wherever the mass
     before it is not within rounding of top_p; every row on its own, as in a batch. The rows range
     from flat (hundreds kept: the whole sort) to peaked (a few kept), side by side."""
