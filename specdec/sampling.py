@@ -133,7 +133,7 @@ def coupled_draw(dist: torch.Tensor, seed: int, position: int) -> int:
     (P(x wins) = p(x) / Σ p: the exponential race, i.e. the Gumbel-max trick), and the same token
     for any two distributions whose race the same noise decides. In float64, the first of equals."""
     noise = _noise(seed, position, dist.shape[-1])
-    return int(np.argmax(dist.detach().cpu().numpy().astype(np.float64) / noise))
+    return int(np.argmax(dist.detach().to(device="cpu", dtype=torch.float64).numpy() / noise))  # any dtype in
 
 
 def draw(dist: torch.Tensor, sampling: SamplingParams, generator: torch.Generator, position: int) -> int:
