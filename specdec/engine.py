@@ -317,6 +317,9 @@ class SpeculativeEngine:
             stats.finish_reason = "length"
             while length < prompt.numel() + budget:
                 remaining = prompt.numel() + budget - length
+                if drafter is not None:
+                    route = drafter.route(context[:length])
+                    policy.select(route, drafter.route_cost_prior(route))
                 gamma = policy.next(remaining - 1) if drafter is not None else 0
                 cap = limits.max_drafts if limits is not None and spec.gamma == "auto" else None
                 if cap is not None:

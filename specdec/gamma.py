@@ -43,6 +43,7 @@ class GammaPolicy:
         """auto's upper bound: gamma + 1 positions stay on the target's fast path, whose numbers do
         not depend on the row count (a longer pass would round differently, and greedy output could
         differ from plain decoding's)."""
+        self.prior_c = prior_c
         self.accepted = 1.0  # a weak Beta(1, 1)-style prior on alpha
         self.tested = 2.0
         self.c = prior_c
@@ -52,6 +53,30 @@ class GammaPolicy:
         self.multi_sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # n, Σx, Σy, Σxx, Σxy of target seconds vs positions (>= 2)
         self.reached: list[float] = []  # by depth - 1: decayed count of tree rounds accepted that deep,
         self.promised: list[float] = []  # and the decayed sum of the kept nodes' scores at that depth
+        self.route = None
+        self.routes: dict = {}  # route -> its ROUTE_STATE while another route is selected
+
+    ROUTE_STATE = ("accepted", "tested", "c", "idle_rounds", "probe_every", "reached", "promised")
+    """What a drafter's rounds have shown (acceptance, draft cost, probing, how deep its trees are
+    accepted), kept per route (`select`); what scoring positions costs is the target's, shared."""
+
+    def select(self, route, prior_c: float | None = None) -> None:
+        """Size the coming rounds for `route` (Drafter.route: which of its ways a drafter will draft the
+        next round), each route with its own acceptance, draft cost and probing. A router whose ways
+        are accepted very differently (prompt lookup's matches ~0.9 a token, a trained drafter's
+        guesses ~0.45) otherwise sized every round by their mixed average: on man-page summaries the
+        lookup rounds got gamma ~4 under the router against ~10 alone (docs/results.md). A route not seen
+        yet starts from the priors, c from `prior_c` (that way's own guess; the policy's if None)."""
+        if route == self.route:
+            return
+        self.routes[self.route] = {name: getattr(self, name) for name in self.ROUTE_STATE}
+        state = self.routes.pop(route, None)
+        if state is None:
+            state = dict(accepted=1.0, tested=2.0, c=self.prior_c if prior_c is None else prior_c, idle_rounds=0,
+                         probe_every=self.PROBE_EVERY, reached=[], promised=[])
+        for name, value in state.items():
+            setattr(self, name, value)
+        self.route = route
 
     def next(self, limit: int) -> int:
         """Gamma for the coming round, at most `limit`."""

@@ -100,3 +100,38 @@ def test_tree_size_follows_the_cost_of_positions():
     assert value[0] == pytest.approx(1.0, abs=0.05) and value[1] < 0.1  # depth 1 delivers more, 2 less
     assert all(later <= earlier for earlier, later in zip(value, value[1:]))  # never above the parent
     assert steep.tree_nodes(value, draft_seconds=0.0) < 3
+
+
+def test_each_route_is_sized_by_its_own_acceptance():
+    """A router's two ways (prompt lookup's matches accepted ~0.95 a token, a trained drafter's guesses
+    ~0.3) alternate round by round, each extra position costing 0.15 of a step: with a route per way,
+    lookup's rounds keep a long gamma and the trained drafter's rounds a short one (or none), where one
+    shared estimate sized both by their mix."""
+    def alternate(routed: bool) -> dict[str, list[int]]:
+        policy, rng = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.0), random.Random(0)
+        chosen: dict[str, list[int]] = {"lookup": [], "trained": []}
+        for i in range(120):
+            way = "lookup" if i % 2 else "trained"
+            policy.select(way if routed else None)
+            gamma = policy.next(64)
+            chosen[way].append(gamma)
+            accepted = accepted_count(gamma, 0.95 if way == "lookup" else 0.3, rng)
+            policy.observe(gamma, accepted, draft_seconds=0.0, target_seconds=1.0 + 0.15 * gamma)
+        return {way: sorted(gammas[20:])[len(gammas[20:]) // 2] for way, gammas in chosen.items()}  # medians
+
+    routed, shared = alternate(True), alternate(False)
+    assert routed["lookup"] >= 8 and routed["trained"] <= 2, routed
+    # the negative control, one estimate for both: the lookup rounds' acceptances size the trained rounds too
+    assert shared["trained"] >= 4 * max(1, routed["trained"]), (routed, shared)
+
+
+def test_a_route_comes_back_to_its_own_record():
+    policy = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.1)
+    policy.select("a")
+    policy.observe(4, 4, draft_seconds=0.0, target_seconds=1.0)
+    a = (policy.accepted, policy.tested, policy.c)
+    policy.select("b")
+    assert (policy.accepted, policy.tested, policy.c) == (1.0, 2.0, 0.1)  # b starts from the priors
+    policy.observe(4, 0, draft_seconds=0.4, target_seconds=1.0)
+    policy.select("a")
+    assert (policy.accepted, policy.tested, policy.c) == a

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import specdec.rejection
+from specdec.drafters import Drafter
 from specdec.modeling.tree import ancestor_mask, chain, check_parents, depths
 from specdec.rejection import point_mass, verify_tree, verify_tree_greedy, walk_tree
 
@@ -257,24 +258,15 @@ def test_tree_pass_equals_each_path_run_as_a_chain(backend_class, architecture):
 # -- the engine with tree drafters ---------------------------------------------------------------
 
 
-class TableTreeDrafter:
+class TableTreeDrafter(Drafter):
     """A test drafter proposing a tree from a draft table LM: two root children drawn i.i.d. from q
     (the top two at temperature 0), a deterministic third (q's likeliest token not yet proposed),
     and under each sampled child one deterministic grandchild (q's likeliest after it)."""
 
     name = "table-tree"
-    cost_prior = 0.0
-    reads_features = False
 
     def __init__(self, lm):
         self.lm = lm
-
-    def bind(self, target): ...
-    def begin(self, prompt): ...
-    def feedback(self, kept): ...
-
-    def for_sampling(self, sampling):
-        return self
 
     def _q(self, sequence, sampling):
         from specdec.sampling import probs

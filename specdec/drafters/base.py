@@ -145,6 +145,16 @@ class Drafter(ABC):
     def begin(self, prompt: torch.Tensor) -> None:
         """A new sequence starts with this (P,) prompt. Stateful drafters prefill here."""
 
+    def route(self, context: torch.Tensor):
+        """Which of its ways this drafter will draft after the (L,) context (asked before `propose`,
+        which then keeps to it): a key for gamma="auto" to size that way's rounds by its own record
+        (GammaPolicy.select). None for a drafter with one way; it must not depend on random draws."""
+        return None
+
+    def route_cost_prior(self, route) -> float:
+        """A first guess of c for one of its ways (`route`), before that way's drafting is measured."""
+        return self.cost_prior
+
     @abstractmethod
     def propose(
         self, context: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator
