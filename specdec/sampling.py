@@ -56,8 +56,8 @@ def _beyond_top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
         kept = (mass[done] - top.values[done]) < top_p
         drop[pending[done]] = drop[pending[done]].scatter(-1, top.indices[done], ~kept)
         pending = pending[~done]
-        if not pending.numel():
-            return drop
+        if not pending.numel():  # at the latest after the whole sort
+            break
     return drop
 
 

@@ -72,7 +72,6 @@ class LookupElseTrained(Drafter):
         self.feature_layers = trained.feature_layers
         self.outcomes: dict[str | int, list[float]] = {}  # route (n for lookup, "trained") -> [Σ accepted, rounds], decayed
         self.pending: tuple[str | int, int] | None = None  # the round in flight: route, context length
-        self.routed: tuple[int, str | None] = (-1, None)  # the latest `route`: context length, way
 
     def bind(self, target) -> None:
         self.lookup.bind(target)
@@ -85,7 +84,7 @@ class LookupElseTrained(Drafter):
     def begin(self, prompt: torch.Tensor) -> None:
         self.lookup.begin(prompt)
         self.trained.begin(prompt)
-        self.outcomes, self.pending, self.routed = {}, None, (-1, None)
+        self.outcomes, self.pending = {}, None
 
     def expected(self, route: str | int) -> float:
         """Accepted tokens a round of this route, decayed mean with the prior as one round."""
@@ -97,18 +96,14 @@ class LookupElseTrained(Drafter):
         least as well as the trained drafter, else "trained": what `propose` then drafts with. The two
         are accepted very differently, so gamma="auto" sizes each one's rounds by its own record."""
         n, hits = self.lookup.matches(context)
-        chosen = "lookup" if hits and self.expected(n) >= self.expected("trained") else "trained"
-        self.routed = (context.numel(), chosen)
-        return chosen
+        return "lookup" if hits and self.expected(n) >= self.expected("trained") else "trained"
 
     def route_cost_prior(self, route) -> float:
         return self.lookup.cost_prior if route == "lookup" else self.trained.cost_prior
 
     def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,
                 generator: torch.Generator) -> Proposal:
-        routed = self.routed if self.routed[0] == context.numel() else (context.numel(), self.route(context))
-        self.routed = (-1, None)
-        if routed[1] == "lookup":
+        if self.route(context) == "lookup":  # the engine's answer too: the record changes only in feedback
             found = self.lookup.propose(context, gamma, sampling, generator)
             self.pending = (self.lookup.matched, context.numel())
             return found
