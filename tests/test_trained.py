@@ -734,3 +734,26 @@ def test_each_builtin_target_ships_a_small_drafter_made_for_it():
         assert config.recipe["history"] and config.recipe["held_out"], name
         with safe_open(str(path / WEIGHTS_FILE), "pt") as weights:
             check_vocab(weights.get_tensor("vocab"), config.target["vocab_width"], path)  # raises unless valid
+
+
+def test_train_drafter_loads_a_builtin_target_as_generation_does(tmp_path, monkeypatch, capsys):
+    """The engine sampler records the numbers of the path the drafter will draft for: with --dtype
+    auto, train-drafter loads a built-in target in float32 where generation runs it on the GGUF
+    blocks (it loaded bf16 and sampled on the slower float path, recording another path's numbers);
+    an explicit dtype is kept."""
+    import specdec.models
+    from specdec.backends import gguf
+
+    loaded = []
+
+    def record(name, dtype="auto", device="cpu"):
+        loaded.append(dtype)
+        raise SpecdecError("stopped after the load")
+
+    monkeypatch.setattr(specdec.models, "load_model", record)
+    for blocks_run in (True, False):
+        monkeypatch.setattr(gguf.quant, "packed_int8", lambda blocks_run=blocks_run: blocks_run)
+        for dtype in ("auto", "bfloat16"):
+            assert main(["train-drafter", "--kind", "eagle", "--out", str(tmp_path / "d"), "--dtype", dtype]) == 1
+    assert "stopped after the load" in capsys.readouterr().err
+    assert loaded == ["float32", "bfloat16", "auto", "bfloat16"]

@@ -18,6 +18,7 @@ from .options import add_dtype, add_target
 
 def run(args: argparse.Namespace) -> int:
 
+    from ..backends.gguf import load_dtype
     from ..drafters.nets import KINDS
     from ..drafters.trained import is_trained_drafter, save_drafter
     from ..models import load_model
@@ -59,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
                          lr=args.lr, unroll=args.unroll, aux_layers=parse_layers(args.aux_layers),
                          bf16={"auto": None, "bf16": True, "fp32": False}[args.precision])
     log = lambda message: print(f"specdec: {message}", file=sys.stderr)  # noqa: E731
-    target = load_model(args.target, args.dtype, args.device)
+    # the dtype generation loads (float32 where the GGUF blocks run): the engine sampler records the numbers of
+    # the path the drafter will draft for, at the blocks' many-row speed
+    target = load_model(args.target, load_dtype(args.dtype, "auto", args.target, device=args.device), args.device)
     if earlier is not None and earlier.kind == "eagle3":
         recipe.aux_layers = tuple(earlier.aux_layers)
     aux = aux_layers_for(recipe, target) if args.kind == "eagle3" else ()
@@ -153,7 +156,9 @@ def register(sub) -> None:
     p.add_argument("--data-seed", type=int, default=0)
     p.add_argument("--sampler", default="engine", choices=("engine", "transformers"),
                    help="engine: sample the target on the backend specdec generates with and record its teacher "
-                        "signal in the same passes (the GGUF blocks where they run); transformers: transformers' "
+                        "signal in the same passes (the GGUF blocks where generation runs them: --dtype auto loads "
+                        "a built-in target in float32 there; --dtype bfloat16 samples on the bf16 path instead); "
+                        "transformers: transformers' "
                         "model, then a teacher-forced pass (the float model's numbers; data cached before this "
                         "option existed). Default: %(default)s")
     p.add_argument("--seed", type=int, default=0, help="training seed")
