@@ -757,3 +757,21 @@ def test_train_drafter_loads_a_builtin_target_as_generation_does(tmp_path, monke
             assert main(["train-drafter", "--kind", "eagle", "--out", str(tmp_path / "d"), "--dtype", dtype]) == 1
     assert "stopped after the load" in capsys.readouterr().err
     assert loaded == ["float32", "bfloat16", "auto", "bfloat16"]
+
+
+def test_eagle_feature_loss_weighs_the_regression_and_zero_leaves_the_tokens_alone(trained):
+    """--feature-loss w: eagle's loss is 0.5 × the token loss + w × the feature regression, per
+    unrolled step; w = 0 is the token loss alone (EAGLE-3's objective on EAGLE's net)."""
+    from specdec.training.train import Objective, Windows, soft_cross_entropy
+
+    _, data, out = trained
+    net = out["eagle"][0]
+    batch = Windows(data, list(range(data.sequences)), 32, 0, 0.3).batch(4)
+    tokens_only = Objective(net, 1.0, 3, feature_loss=0.0)
+    ce = sum(0.5 * soft_cross_entropy(logits, batch["topk_ids"][:, at], batch["topk_probs"][:, at],
+                                      tokens_only.to_draft, batch["weight"][:, at])
+             for logits, at, _ in tokens_only._outputs(batch))
+    with torch.no_grad():
+        assert torch.allclose(tokens_only.loss(batch), ce)
+        one, two = (Objective(net, 1.0, 3, feature_loss=w).loss(batch) for w in (1.0, 2.0))
+        assert one > ce + 1e-4 and torch.allclose(two - ce, 2 * (one - ce), rtol=1e-4)

@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError("--chat-prompts must be 0 or more")
     if args.chat_samples < 1:
         raise SpecdecError("--chat-samples must be at least 1 (answers to each chat question)")
+    if args.feature_loss < 0:
+        raise SpecdecError("--feature-loss must be 0 or more (0: the token loss alone)")
     if args.unroll < 1:
         raise SpecdecError("--unroll must be at least 1 (the draft steps trained on)")
     size = SIZES[args.size] if args.kind == "draft-lm" else dict(layers=1, ffn=1536)
@@ -58,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
                          medusa_heads=args.medusa_heads, vocab_size=args.vocab, steps=args.steps,
                          minutes=args.minutes if args.minutes is not None else 30.0, batch=args.batch, seed=args.seed,
                          lr=args.lr, unroll=args.unroll, aux_layers=parse_layers(args.aux_layers),
-                         bf16={"auto": None, "bf16": True, "fp32": False}[args.precision])
+                         bf16={"auto": None, "bf16": True, "fp32": False}[args.precision],
+                         feature_loss=args.feature_loss)
     log = lambda message: print(f"specdec: {message}", file=sys.stderr)  # noqa: E731
     # the dtype generation loads (float32 where the GGUF blocks run): the engine sampler records the numbers of
     # the path the drafter will draft for, at the blocks' many-row speed
@@ -139,6 +142,9 @@ def register(sub) -> None:
     p.add_argument("--minutes", type=float, default=None, help="training time (default: 30)")
     p.add_argument("--steps", type=int, default=None, help="train for this many steps instead of --minutes")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (cosine schedule; default: %(default)s)")
+    p.add_argument("--feature-loss", type=float, default=1.0,
+                   help="eagle: weight of the feature regression beside the token loss; 0 trains on tokens "
+                        "alone, as EAGLE-3 does (default: %(default)s)")
     p.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
                    help="training's matrix products: bf16 under autocast (float32 weights and losses), fp32, or "
                         "auto (bf16 where the CPU has fast bf16 matmuls; default)")

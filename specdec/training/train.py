@@ -62,6 +62,10 @@ class TrainRecipe:
     prompt_weight: float = 0.3
     aux_layers: tuple | None = None
     """eagle3: the target layers it reads (None: 2, N/2, N-3)."""
+    feature_loss: float = 1.0
+    """eagle: the weight of the feature regression beside the token loss (0.5 × soft cross-entropy);
+    0 trains on tokens alone, as EAGLE-3 does (its finding: the regression takes capacity from the
+    tokens)."""
     bf16: bool | None = None
     """Matrix products in bfloat16 under autocast (weights, optimiser and losses stay float32;
     attention runs in float32): None chooses it where the CPU has fast bf16 matmuls (AVX-512 BF16 or
@@ -153,8 +157,9 @@ def agreement(logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Te
 class Objective:
     """The loss and the held-out measurements of one kind."""
 
-    def __init__(self, net: DraftNet, feature_rms: float, unroll: int):
+    def __init__(self, net: DraftNet, feature_rms: float, unroll: int, feature_loss: float = 1.0):
         self.net, self.kind, self.feature_rms, self.unroll = net, net.config.kind, feature_rms, max(1, unroll)
+        self.feature_loss = feature_loss
         width = int(max(net.vocab.max() + 1, net.embed.shape[0]))
         self.to_draft = torch.full((width,), -1, dtype=torch.long)
         self.to_draft[net.vocab] = torch.arange(net.vocab.numel())
@@ -185,9 +190,11 @@ class Objective:
             if self.kind in ("medusa", "eagle3"):
                 total = total + 0.8**i * ce
             elif predicted is not None:
-                reg = F.smooth_l1_loss(predicted / self.feature_rms, b["features"][:, at] / self.feature_rms,
-                                       reduction="none").mean(dim=-1)
-                total = total + (reg * valid).sum() / valid.sum().clamp(min=1) + 0.5 * ce
+                total = total + 0.5 * ce
+                if self.feature_loss:
+                    reg = F.smooth_l1_loss(predicted / self.feature_rms, b["features"][:, at] / self.feature_rms,
+                                           reduction="none").mean(dim=-1)
+                    total = total + self.feature_loss * (reg * valid).sum() / valid.sum().clamp(min=1)
             else:
                 total = total + ce
         return total
@@ -347,7 +354,7 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
         raise SpecdecError(f"{net.config.kind} learns from the target's final-norm features, and the data was read "
                            "without them: read it with DistillData.load(..., features=True)")
     feature_rms = float(data.features[: 100_000].float().pow(2).mean().sqrt()) if data.features is not None else 1.0
-    objective = Objective(net, feature_rms, recipe.unroll)
+    objective = Objective(net, feature_rms, recipe.unroll, recipe.feature_loss)
     if recipe.bf16 is None:
         recipe = replace(recipe, bf16=_device(net).type == "cpu" and auto_dtype(_device(net)) == torch.bfloat16)
     autocast = torch.autocast(_device(net).type, dtype=torch.bfloat16, enabled=recipe.bf16)
