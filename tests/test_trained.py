@@ -34,10 +34,13 @@ PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 9, 4, 5, 6, 1, 2]
 
 def random_net(kind: str, target, vocab: torch.Tensor, seed: int = 0, head_dim: int = 8) -> DraftNet:
     kind = kind.removesuffix("-blocks").removesuffix("-tree").removeprefix("lookup-else-")
+    layers = 2 if kind.endswith("-2layers") else 1
+    kind = kind.removesuffix("-2layers")
     torch.manual_seed(seed)
     d = target.config.hidden_size
     aux = [0, 1] if kind == "eagle3" else []  # the embeddings and layer 1's input
-    net = DraftNet(DraftConfig(kind, d, head_dim=head_dim, ffn=2 * d, medusa_heads=3, aux_layers=aux), vocab,
+    net = DraftNet(DraftConfig(kind, d, layers=layers, head_dim=head_dim, ffn=2 * d, medusa_heads=3, aux_layers=aux),
+                   vocab,
                    target.get_input_embeddings().weight, target.get_output_embeddings().weight[vocab]).eval()
     if kind == "medusa":  # break the identity start, so heads differ from the target's own head
         for head in net.medusa:
@@ -61,6 +64,7 @@ def random_drafter(kind: str, target, vocab: torch.Tensor, seed: int = 0):
         needs_quant_kernels()
         net = net.float().use_blocks()
         kind = kind.removesuffix("-blocks")
+    kind = kind.removesuffix("-2layers")
     width = target.get_output_embeddings().weight.shape[0]
     if kind == "draft-lm":
         return ModelDrafter(DraftLMBackend(net, width), width)
@@ -109,10 +113,11 @@ def test_router_takes_lookup_only_for_match_lengths_accepted_as_often_as_the_tra
     assert round_of(one, 0).tokens.tolist() == [2, 3]
 
 
-@pytest.mark.parametrize("kind", ["draft-lm", "eagle"])
+@pytest.mark.parametrize("kind", ["draft-lm", "eagle", "eagle-2layers"])
 def test_cached_drafting_equals_recomputation(kind):
     """Writing the cache in pieces, with a rollback in between, gives the full pass's outputs."""
     net = random_net(kind, tiny_llama(40, seed=0), torch.arange(0, 40, 2))
+    assert len(net.blocks) == (2 if kind.endswith("2layers") else 1)
     x, f = torch.randint(0, 40, (1, 12)), torch.randn(1, 12, 32)
     run = (lambda lo, hi, c, s: net.lm(x[:, lo:hi], c, s)) if kind == "draft-lm" else \
           (lambda lo, hi, c, s: net.eagle(f[:, lo:hi], x[:, lo:hi], c, s))
@@ -127,7 +132,7 @@ def test_cached_drafting_equals_recomputation(kind):
 
 @pytest.mark.parametrize("backend", [LeanBackend, TransformersBackend])
 @pytest.mark.parametrize("kind", KINDS + ("eagle-tree", "eagle3-tree", "lookup-else-eagle3", "eagle-blocks",
-                                          "eagle3-tree-blocks"))
+                                          "eagle3-tree-blocks", "eagle-2layers-blocks"))
 @pytest.mark.parametrize("architecture", ["llama", "gemma3"])
 def test_greedy_parity_each_kind(kind, backend, architecture):
     target = tiny_llama(40, seed=0) if architecture == "llama" else tiny_gemma3(40, seed=0, sliding_window=8)

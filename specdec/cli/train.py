@@ -131,7 +131,8 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="directory to write the drafter to")
     p.add_argument("--size", default="s", choices=("s", "m", "l"),
                    help="draft-lm size: s = 1 layer, m = 2 layers, l = 4 layers (MLP width 1536)")
-    p.add_argument("--layers", type=int, default=None, help="override the draft-lm's layer count")
+    p.add_argument("--layers", type=int, default=None,
+                   help="override the draft-lm's or eagle's layer count (eagle: 1 by default)")
     p.add_argument("--ffn", type=int, default=None, help="override the MLP width")
     p.add_argument("--medusa-heads", type=int, default=4, help="Medusa heads (tokens proposed per round)")
     p.add_argument("--aux-layers", default=None, metavar="I,J,K",

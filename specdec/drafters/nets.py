@@ -153,7 +153,7 @@ class DraftNet(nn.Module):
             self.norm = nn.RMSNorm(d, eps=1e-6)
         elif config.kind == "eagle":
             self.fc = nn.Linear(2 * d, d, bias=True)
-            self.blocks = nn.ModuleList([Block(d, config.heads, config.head_dim, config.ffn)])
+            self.blocks = nn.ModuleList(Block(d, config.heads, config.head_dim, config.ffn) for _ in range(config.layers))
             self.norm = nn.RMSNorm(d, eps=1e-6)
         elif config.kind == "eagle3":
             if len(config.aux_layers) < 1:

@@ -19,10 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+import torch
 
 from specdec.backends.gguf import load_dtype
 from specdec.backends.lean import target_backend
+from specdec.drafters.nets import DraftNet
 from specdec.drafters.trained import read_net, save_drafter
 from specdec.models import load_model
 from specdec.training.data import DataRecipe, DistillData, data_files, sequence_count
@@ -47,11 +51,24 @@ def main() -> int:
     ap.add_argument("--feature-loss", type=float, default=1.0)
     ap.add_argument("--out")
     ap.add_argument("--measure-only", action="store_true")
+    ap.add_argument("--add-layers", type=int, default=0,
+                    help="eagle: grow the drafter by this many layers, each starting as the identity (its output "
+                         "projections zero), so training starts from the drafter's own drafts")
     args = ap.parse_args()
     log = lambda m: print(f"train_on_parts: {m}", file=sys.stderr, flush=True)  # noqa: E731
 
     target = load_model("smollm2-135m", load_dtype("auto", "auto", "smollm2-135m"))
     start = read_net(args.init, target)
+    if args.add_layers:
+        grown = DraftNet(replace(start.config, layers=start.config.layers + args.add_layers), start.vocab,
+                         start.embed, start.head)
+        grown.load_state_dict(start.state_dict(), strict=False)  # the new blocks are the missing keys
+        with torch.no_grad():
+            for block in grown.blocks[start.config.layers :]:
+                block.o.weight.zero_()
+                block.down.weight.zero_()
+        grown.config.recipe = start.config.recipe
+        start = grown
     tasks = data_files(target, DataRecipe(prompts=40, max_new_tokens=64), log, target_backend(target))
     parts = [Path(p).expanduser() for p in args.parts]
     data = DistillData.load([*tasks, *parts], features=True, aux=False)
