@@ -744,8 +744,8 @@ def test_each_builtin_target_ships_a_small_drafter_made_for_it():
 def test_train_drafter_loads_a_builtin_target_as_generation_does(tmp_path, monkeypatch, capsys):
     """The engine sampler records the numbers of the path the drafter will draft for: with --dtype
     auto, train-drafter loads a built-in target in float32 where generation runs it on the GGUF
-    blocks (it loaded bf16 and sampled on the slower float path, recording another path's numbers);
-    an explicit dtype is kept."""
+    blocks (it loaded bf16 and sampled on the bf16 path, recording another path's numbers); an
+    explicit dtype is kept. --layers is refused for kinds that have no layer count to set."""
     import specdec.models
     from specdec.backends import gguf
 
@@ -762,6 +762,10 @@ def test_train_drafter_loads_a_builtin_target_as_generation_does(tmp_path, monke
             assert main(["train-drafter", "--kind", "eagle", "--out", str(tmp_path / "d"), "--dtype", dtype]) == 1
     assert "stopped after the load" in capsys.readouterr().err
     assert loaded == ["float32", "bfloat16", "auto", "bfloat16"]
+    for kind in ("eagle3", "medusa"):
+        assert main(["train-drafter", "--kind", kind, "--out", str(tmp_path / "d"), "--layers", "2"]) == 1
+        assert "--layers takes" in capsys.readouterr().err
+    assert len(loaded) == 4  # refused before loading anything
 
 
 def test_eagle_feature_loss_weighs_the_regression_and_zero_leaves_the_tokens_alone(trained):

@@ -40,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError("--chat-prompts must be 0 or more")
     if args.chat_samples < 1:
         raise SpecdecError("--chat-samples must be at least 1 (answers to each chat question)")
+    if args.layers is not None and (args.layers < 1 or args.kind not in ("draft-lm", "eagle")):
+        raise SpecdecError("--layers takes a count of at least 1, for --kind draft-lm or eagle (eagle3 has one layer, "
+                           "as vLLM and SGLang load it; medusa has heads: --medusa-heads)")
     if args.feature_loss < 0:
         raise SpecdecError("--feature-loss must be 0 or more (0: the token loss alone)")
     if args.unroll < 1:
