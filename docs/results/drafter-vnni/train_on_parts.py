@@ -69,7 +69,8 @@ def main() -> int:
                 block.down.weight.zero_()
         grown.config.recipe = start.config.recipe
         start = grown
-    tasks = data_files(target, DataRecipe(prompts=40, max_new_tokens=64), log, target_backend(target))
+    backend = target_backend(target)  # the path the task mix is sampled on, if not cached
+    tasks = data_files(target, DataRecipe(prompts=40, max_new_tokens=64), log, backend)
     parts = [Path(p).expanduser() for p in args.parts]
     data = DistillData.load([*tasks, *parts], features=True, aux=False)
     n_tasks = sum(sequence_count(f) for f in tasks)
@@ -96,7 +97,7 @@ def main() -> int:
     net.config.recipe["data"] = {"prompts": 40, "max_new_tokens": 64, "chat_prompts": 2910, "chat_max_new_tokens": 256,
                                  "chat_samples": 4, "chat_chunks": [p.name for p in parts],
                                  "answer_tokens": int(data.token_counts.sum()), "positions": int(data.tokens.numel()),
-                                 "sampled_on": target_backend(target).path}
+                                 "sampled_on": backend.path}
     save_drafter(net, args.out)
     log(f"wrote {args.out}")
     return 0
