@@ -30,7 +30,7 @@ from .backends import Backend, Step
 from .config import SamplingParams, SpecConfig
 from .drafters.base import Drafter, Proposal
 from .errors import SpecdecError
-from .gamma import GammaPolicy
+from .gamma import AcceptanceHistory, GammaPolicy
 from .metrics import GenerationStats
 from .modeling.tree import ancestor_mask, depths
 from .rejection import TreeVerdict, Verdict, verify, verify_greedy, verify_tree, verify_tree_greedy
@@ -134,6 +134,8 @@ class SpeculativeEngine:
         self.target = target
         self.drafter = drafter
         self.eos_token_ids = set(eos_token_ids)
+        self.acceptance = AcceptanceHistory()
+        """gamma=auto's long-run acceptance per drafter way and sampling regime, across generations."""
         if drafter is not None:
             drafter.bind(target)
 
@@ -300,8 +302,10 @@ class SpeculativeEngine:
         context = torch.empty(prompt.numel() + budget, dtype=torch.long)  # prompt + generated tokens
         context[: prompt.numel()] = prompt
         length = prompt.numel()
+        regime = (drafter.name, sampling.temperature, sampling.top_k, sampling.top_p,
+                  sampling.drafter_invariant) if drafter is not None else None
         policy = GammaPolicy(spec, prior_c=drafter.cost_prior if drafter is not None else 0.0,
-                             fast_rows=target.fast_rows)
+                             fast_rows=target.fast_rows, history=self.acceptance, regime=regime)
         prefilled = False
         try:
             start = time.perf_counter()
@@ -346,7 +350,8 @@ class SpeculativeEngine:
                 scoring += time.perf_counter() - t2
                 stats.draft_seconds += t1 - t0
                 stats.target_seconds += scoring
-                policy.observe(proposal.tokens.numel(), n, t1 - t0, scoring)
+                depth = int(proposal.depths().max()) if proposal.is_tree else proposal.tokens.numel()
+                policy.observe(proposal.tokens.numel(), n, t1 - t0, scoring, depth)
                 if trimmed:  # the kept nodes (a trimmed tree may have become a chain)
                     policy.observe_tree(proposal.scores.tolist(), proposal.depths().tolist(), n)
 
@@ -366,6 +371,7 @@ class SpeculativeEngine:
                     stats.finish_reason = "stop"
                     break
         finally:
+            policy.commit()
             # Stopped between a pass and its verdict (a batch cancelled it), the cache may hold
             # unverified rows (a tree's, in slot order): keep only the context it had verified.
             if prefilled and target.length > length - 1:

@@ -1,14 +1,25 @@
 """Choosing gamma, the number of draft tokens per round: fixed, or "auto".
 
 "auto" maximises the paper's expected walltime improvement (Theorem 3.8) each round, from running
-estimates of alpha (acceptance, recent rounds weigh more) and c (draft token time over one target
-step), both measured during the generation. It also measures what the paper assumes away: the cost
-of scoring gamma+1 positions in one target pass, against the cost of one (a plain step, or a round
-whose drafter had nothing to say). If no such round has come by the third, that round is a plain
-step, so the cost is measured rather than assumed flat: on a CPU without fast bf16, scoring 2 to
-16 positions costs about twice one. gamma = 0 (plain decoding) is chosen when speculation would
-not pay; then one-token probes keep the estimates alive, after 8 plain rounds, then 16, 32, up to
-64 while they keep saying no.
+estimates of alpha (acceptance) and c (draft token time over one target step), both measured during the
+generation. Alpha is estimated per depth, the chance that the d-th draft is accepted once the one
+before it was: a trained drafter's later guesses run on its own features, not the target's, and are
+accepted less often (shipped EAGLE drafter on open chat, T = 0: 0.51 at depth 1, ~0.39 at depth 2), so
+one mean alpha drafted too far; prompt lookup's are accepted more often deep in a copy. It also
+measures what the paper assumes away: the cost of scoring gamma+1 positions in one target pass, against
+the cost of one (a plain step, or a round whose drafter had nothing to say). If no such round has come
+by the third, that round is a plain step, so the cost is measured rather than assumed flat: on a CPU
+without fast bf16, scoring 2 to 16 positions costs about twice one. gamma = 0 (plain decoding) is chosen
+when speculation would not pay; then one-token probes keep the estimates alive, after 8 plain rounds,
+then 16, 32, up to 64 while they keep saying no.
+
+Each depth's estimate weighs recent rounds more (DECAY) and is shrunk toward that depth's long-run
+acceptance: alpha_d = (recent accepted + K m_d) / (recent tested + K), m_d the acceptance over this
+generation's rounds and, carried over by the engine (`AcceptanceHistory`), earlier generations' with the
+same drafter, way and sampling settings. The recent estimate alone is noisy: at the drafter's ~0.4 at
+T = 1 it dipped to 0.1-0.3 in stretches, auto stopped drafting and only sparse probes brought it back (a
+fixed gamma = 1 ran 3-5 % faster, docs/results.md). A real change (a quote's copy ending) still moves
+alpha within a few rounds.
 
 Example: alpha ~ 0.8, c ~ 0 and flat verification cost give gamma = gamma_max; alpha ~ 0.2 with
 c ~ 0.3 gives 0.
@@ -30,22 +41,70 @@ from __future__ import annotations
 from . import theory
 from .config import SpecConfig
 
+Acceptance = list  # per depth - 1: [accepted, tested] (floats)
+
+
+def _scaled(record: Acceptance, limit: float) -> Acceptance:
+    """The record with every depth scaled by one factor so that depth 1 holds at most `limit` tests."""
+    tested = record[0][1] if record else 0.0
+    factor = min(1.0, limit / tested) if tested > 0 else 1.0
+    return [[a * factor, t * factor] for a, t in record]
+
+
+def _add(total: Acceptance, record: Acceptance) -> None:
+    while len(total) < len(record):
+        total.append([0.0, 0.0])
+    for d, (a, t) in enumerate(record):
+        total[d][0] += a
+        total[d][1] += t
+
+
+class AcceptanceHistory:
+    """Drafts accepted and tested by depth in earlier generations, per (regime, route): the long-run
+    acceptance a new generation's estimates start from and are shrunk toward. Kept by the engine
+    across its generations; old rounds fade by volume (past MAX_TESTED tests at depth 1 every depth is
+    scaled down)."""
+
+    MAX_TESTED = 2048.0
+
+    def __init__(self) -> None:
+        self.records: dict = {}
+
+    def get(self, key) -> Acceptance:
+        return [list(x) for x in self.records.get(key, [])]
+
+    def add(self, key, record: Acceptance) -> None:
+        if not record or record[0][1] <= 0:
+            return
+        total = self.get(key)
+        _add(total, record)
+        self.records[key] = _scaled(total, self.MAX_TESTED)
+
 
 class GammaPolicy:
     DECAY = 0.9  # weight of the past per round in the alpha estimate
+    SHRINK = 10.0  # K: pseudo-tests at a depth's long-run acceptance mixed into its recent estimate
+    CARRIED = 64.0  # at most this many tests at depth 1 of earlier generations in the long-run means
+    FIRST_PRIOR = 0.5  # the long-run mean at depth 1 before any test (Beta(1, 1)); deeper: the depth above
     PROBE_EVERY = 8  # rounds of plain decoding before the first probe when auto chose 0
     MAX_PROBE_EVERY = 64  # each probe that changes nothing doubles the wait, up to this
     CALIBRATE_AT = 2  # rounds seen before a plain step measures one position's cost, if none has
 
-    def __init__(self, spec: SpecConfig, prior_c: float, fast_rows: int | None = None):
+    def __init__(self, spec: SpecConfig, prior_c: float, fast_rows: int | None = None,
+                 history: AcceptanceHistory | None = None, regime=None):
+        """`history` and `regime` (what makes acceptance comparable across generations: the drafter
+        and the sampling settings): where long-run acceptance comes from and goes back to (`commit`)."""
         self.spec = spec
+        self.history = history
+        self.regime = regime
         self.gamma_max = spec.gamma_max if fast_rows is None else max(1, min(spec.gamma_max, fast_rows - 1))
         """auto's upper bound: gamma + 1 positions stay on the target's fast path, whose numbers do
         not depend on the row count (a longer pass would round differently, and greedy output could
         differ from plain decoding's)."""
         self.prior_c = prior_c
-        self.accepted = 1.0  # a weak Beta(1, 1)-style prior on alpha
-        self.tested = 2.0
+        self.recent: Acceptance = []  # by depth - 1: decayed [accepted, tested]
+        self.fresh: Acceptance = []  # by depth - 1: this generation's, undecayed
+        self.carried: Acceptance = self._carried(None)  # earlier generations' (scaled, CARRIED)
         self.c = prior_c
         self.idle_rounds = 0
         self.probe_every = self.PROBE_EVERY
@@ -56,7 +115,7 @@ class GammaPolicy:
         self.route = None
         self.routes: dict = {}  # route -> its ROUTE_STATE while another route is selected
 
-    ROUTE_STATE = ("accepted", "tested", "c", "idle_rounds", "probe_every", "reached", "promised")
+    ROUTE_STATE = ("recent", "fresh", "carried", "c", "idle_rounds", "probe_every", "reached", "promised")
     """What a drafter's rounds have shown (acceptance, draft cost, probing, how deep its trees are
     accepted), kept per route (`select`); what scoring positions costs is the target's, shared."""
 
@@ -72,7 +131,8 @@ class GammaPolicy:
         self.routes[self.route] = {name: getattr(self, name) for name in self.ROUTE_STATE}
         state = self.routes.pop(route, None)
         if state is None:
-            state = dict(accepted=1.0, tested=2.0, c=self.prior_c if prior_c is None else prior_c, idle_rounds=0,
+            state = dict(recent=[], fresh=[], carried=self._carried(route),
+                         c=self.prior_c if prior_c is None else prior_c, idle_rounds=0,
                          probe_every=self.PROBE_EVERY, reached=[], promised=[])
         for name, value in state.items():
             setattr(self, name, value)
@@ -84,8 +144,8 @@ class GammaPolicy:
             return min(self.spec.gamma, limit)
         if not self.one_position[0] and self.multi_sums[0] >= self.CALIBRATE_AT:
             return 0
-        alpha = self.accepted / self.tested
-        gamma = theory.optimal_gamma(alpha, self.c, min(self.gamma_max, limit), self.verify_cost)
+        top = min(self.gamma_max, limit)
+        gamma = theory.optimal_gamma_by_depth(self.alphas(max(1, top)), self.c, top, self.verify_cost)
         if gamma == 0 and limit > 0:
             self.idle_rounds += 1
             if self.idle_rounds >= self.probe_every:  # a one-token probe keeps alpha and c measured
@@ -95,6 +155,37 @@ class GammaPolicy:
         elif gamma > 0:
             self.idle_rounds, self.probe_every = 0, self.PROBE_EVERY
         return gamma
+
+    def alphas(self, depth: int) -> list[float]:
+        """The acceptance at depths 1..`depth` the coming round is sized by: each depth's recent
+        estimate shrunk toward its long-run mean (module docstring); a depth never tested takes the
+        mean of the depth above."""
+        out, prior = [], self.FIRST_PRIOR
+        for d in range(depth):
+            a = t = 0.0
+            for record in (self.fresh, self.carried):
+                if d < len(record):
+                    a, t = a + record[d][0], t + record[d][1]
+            mean = (a + 2.0 * prior) / (t + 2.0)
+            recent_a, recent_t = self.recent[d] if d < len(self.recent) else (0.0, 0.0)
+            weight = recent_t + self.SHRINK
+            out.append((recent_a + self.SHRINK * mean) / weight if weight > 0 else mean)
+            prior = mean
+        return out
+
+    def _carried(self, route) -> Acceptance:
+        return _scaled(self.history.get((self.regime, route)), self.CARRIED) if self.history is not None else []
+
+    def commit(self) -> None:
+        """Hand each way's acceptance in this generation to the history, for the next generations."""
+        if self.history is None:
+            return
+        self.history.add((self.regime, self.route), self.fresh)
+        for route, state in self.routes.items():
+            self.history.add((self.regime, route), state["fresh"])
+        self.fresh = []
+        for state in self.routes.values():
+            state["fresh"] = []
 
     def verify_cost(self, gamma: int) -> float:
         """Measured cost of scoring gamma+1 positions, in units of scoring one (>= 1): a line
@@ -154,7 +245,10 @@ class GammaPolicy:
         for score, depth in zip(scores, depths):
             self.promised[depth - 1] += score
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float, target_seconds: float) -> None:
+    def observe(self, drafted: int, accepted: int, draft_seconds: float, target_seconds: float,
+                depth: int | None = None) -> None:
+        """A round: `drafted` tokens (a tree's nodes) of which the first `accepted` (the accepted path)
+        were kept; `depth` the proposal's depth (a chain's: `drafted`, the default)."""
         positions = drafted + 1
         if positions == 1:
             self.one_position[0] += 1
@@ -164,9 +258,16 @@ class GammaPolicy:
                 self.multi_sums[i] += value
         if drafted == 0:
             return
-        tested = min(accepted + 1, drafted)
-        self.accepted = self.DECAY * self.accepted + accepted
-        self.tested = self.DECAY * self.tested + tested
+        reached = min(accepted + 1, drafted if depth is None else depth)  # depths whose draft was tested
+        while len(self.recent) < reached:
+            self.recent.append([0.0, 0.0])
+        while len(self.fresh) < reached:
+            self.fresh.append([0.0, 0.0])
+        for d in range(reached):
+            hit = 1.0 if d < accepted else 0.0
+            self.recent[d] = [self.DECAY * self.recent[d][0] + hit, self.DECAY * self.recent[d][1] + 1.0]
+            self.fresh[d][0] += hit
+            self.fresh[d][1] += 1.0
         step = self.step_seconds() or target_seconds  # c is per target *step*
         if step > 0:
             self.c = 0.8 * self.c + 0.2 * (draft_seconds / drafted) / step

@@ -29,6 +29,25 @@ def optimal_gamma(alpha: float, c: float, gamma_max: int = 16, verify_cost=lambd
     return max(range(gamma_max + 1), key=lambda g: (walltime_improvement(alpha, g, c, verify_cost(g)), -g))
 
 
+def expected_tokens_by_depth(alphas: list[float], gamma: int) -> float:
+    """E[tokens per target call] when the draft at depth d is accepted with probability alphas[d-1]
+    given that the one before it was (the last value holds beyond the list):
+    1 + a_1 + a_1 a_2 + ... + a_1...a_gamma. Equal to expected_tokens for a constant alpha."""
+    total, reach = 1.0, 1.0
+    for d in range(gamma):
+        reach *= alphas[min(d, len(alphas) - 1)]
+        total += reach
+    return total
+
+
+def optimal_gamma_by_depth(alphas: list[float], c: float, gamma_max: int = 16, verify_cost=lambda gamma: 1.0) -> int:
+    """optimal_gamma with an acceptance per depth (expected_tokens_by_depth): a drafter whose later
+    guesses are accepted less often than its first is given a shorter gamma than its mean suggests."""
+    def rate(g: int) -> float:
+        return expected_tokens_by_depth(alphas, g) / (g * c + verify_cost(g))
+    return max(range(gamma_max + 1), key=lambda g: (rate(g), -g))
+
+
 def arithmetic_factor(alpha: float, gamma: int, c_hat: float) -> float:
     """Theorem 3.11: the factor by which total arithmetic grows,
     (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)); c_hat = draft/target FLOPs per token."""
