@@ -27,15 +27,17 @@ import torch
 from specdec.backends.gguf import load_dtype
 from specdec.backends.lean import target_backend
 from specdec.drafters.nets import DraftNet
-from specdec.drafters.trained import read_net, save_drafter
+from specdec.drafters.trained import build_net, read_net, save_drafter
 from specdec.models import load_model
 from specdec.training.data import DataRecipe, DistillData, data_files, sequence_count
 from specdec.training.train import (
     Objective,
     TrainRecipe,
     Windows,
+    draft_vocabulary,
     held_out_agreement,
     held_out_sequences,
+    mass_covered,
     sequence_prompts,
     train,
 )
@@ -51,6 +53,12 @@ def main() -> int:
     ap.add_argument("--feature-loss", type=float, default=1.0)
     ap.add_argument("--out")
     ap.add_argument("--measure-only", action="store_true")
+    ap.add_argument("--draft-temperatures", type=float, nargs="+",
+                    help="with --measure-only: Σmin(p, q) at T = 1 with q drawn at each of these temperatures "
+                         "(the verifier is told that q, so any is exact; a better-calibrated q is accepted more)")
+    ap.add_argument("--vocab", type=int, nargs="+",
+                    help="eagle, with --measure-only: measure with the draft vocabulary widened to each of these sizes "
+                         "(the drafter's ids plus the ones the data's target emits most; the head rows are the target's)")
     ap.add_argument("--add-layers", type=int, default=0,
                     help="eagle: grow the drafter by this many layers, each starting as the identity (its output "
                          "projections zero), so training starts from the drafter's own drafts")
@@ -81,6 +89,32 @@ def main() -> int:
         taken = set(held)
         chat = sets["chat"]
         inside = [s for s in chat if s not in taken]
+        if args.draft_temperatures:
+            import specdec.training.train as training
+
+            plain_agreement, result = training.agreement, {}
+            for tau in args.draft_temperatures:
+                training.agreement = lambda logits, *rest, tau=tau: plain_agreement(logits / tau, *rest)
+                objective = Objective(start.float(), 1.0, 3)
+                result[f"held-out chat, q at temperature {tau}"] = held_out_agreement(
+                    objective, Windows(data, [s for s in held if s in chat], 160, 1, 0.3))
+                log(json.dumps(result))
+            training.agreement = plain_agreement
+            print(json.dumps(result, indent=1))
+            return 0
+        if args.vocab:
+            result = {}
+            for size in args.vocab:
+                wide = draft_vocabulary(data, size, set(start.vocab.tolist()))
+                net = build_net(start.config, wide, target.model)
+                net.load_state_dict({**start.state_dict(), "vocab": wide})
+                objective = Objective(net.float(), 1.0, 3)
+                result[f"held-out chat, vocabulary {wide.numel()}"] = dict(
+                    held_out_agreement(objective, Windows(data, [s for s in held if s in chat], 160, 1, 0.3)),
+                    mass_covered=round(mass_covered(data, wide), 4))
+                log(json.dumps(result))
+            print(json.dumps(result, indent=1))
+            return 0
         objective = Objective(start.float(), 1.0, 3)
         result = {
             "held-out chat": held_out_agreement(objective, Windows(data, [s for s in held if s in chat], 160, 1, 0.3)),
