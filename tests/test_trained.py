@@ -33,9 +33,7 @@ PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 9, 4, 5, 6, 1, 2]
 
 
 def random_net(kind: str, target, vocab: torch.Tensor, seed: int = 0, head_dim: int = 8) -> DraftNet:
-    """"-2layers": two blocks; "-tempered": drafting at its own temperature 0.5 (draft_temperature)."""
-    tempered = "-tempered" in kind
-    kind = kind.replace("-tempered", "").removesuffix("-blocks").removesuffix("-tree").removeprefix("lookup-else-")
+    kind = kind.removesuffix("-blocks").removesuffix("-tree").removeprefix("lookup-else-")
     layers = 2 if kind.endswith("-2layers") else 1
     kind = kind.removesuffix("-2layers")
     torch.manual_seed(seed)
@@ -47,8 +45,6 @@ def random_net(kind: str, target, vocab: torch.Tensor, seed: int = 0, head_dim: 
     if kind == "medusa":  # break the identity start, so heads differ from the target's own head
         for head in net.medusa:
             torch.nn.init.normal_(head.weight, std=0.3)
-    if tempered:
-        net.config.draft_temperature = 0.5
     return net
 
 
@@ -64,7 +60,6 @@ def random_drafter(kind: str, target, vocab: torch.Tensor, seed: int = 0):
     depend on training: any q the tokens are drawn from is fine). A "-blocks" kind drafts with its
     matrices as int8 blocks (DraftNet.use_blocks)."""
     net = random_net(kind, target, vocab, seed, head_dim=16 if kind.endswith("-blocks") else 8)
-    kind = kind.replace("-tempered", "")
     if kind.endswith("-blocks"):
         needs_quant_kernels()
         net = net.float().use_blocks()
@@ -166,10 +161,6 @@ MC_VOCAB, MC_PROMPT = 5, [0, 1, 2, 3, 4, 1]
     ("lookup-else-eagle3", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
     ("eagle-blocks", SamplingParams(temperature=1.0)),
     ("eagle3-tree-blocks", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
-    ("eagle-tempered", SamplingParams(temperature=1.0)),
-    ("draft-lm-tempered", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
-    ("medusa-tempered", SamplingParams(temperature=1.0)),
-    ("eagle-tree-tempered", SamplingParams(temperature=0.8, top_k=3, top_p=0.9)),
 ])
 def test_monte_carlo_law_each_kind(kind, sampling):
     """3-token continuations follow the target's exact law, though the draft never proposes id 2."""
@@ -793,61 +784,3 @@ def test_eagle_feature_loss_weighs_the_regression_and_zero_leaves_the_tokens_alo
         assert torch.allclose(tokens_only.loss(batch), ce)
         one, two = (Objective(net, 1.0, 3, feature_loss=w).loss(batch) for w in (1.0, 2.0))
         assert one > ce + 1e-4 and torch.allclose(two - ce, 2 * (one - ce), rtol=1e-4)
-
-
-@pytest.mark.parametrize("kind", ["eagle", "draft-lm", "medusa"])
-def test_a_drafter_draws_from_its_logits_at_its_own_temperature(kind):
-    """At T > 0 the q a trained drafter proposes is the request's warp of its logits over its own
-    temperature (0.5 here): the same tokens' q differs from the untempered drafter's by exactly that."""
-    from specdec.sampling import probs
-
-    target = tiny_llama(MC_VOCAB, layers=2, seed=10, init=0.15)
-    vocab = torch.tensor([0, 1, 3, 4])
-    sampling = SamplingParams(temperature=0.8)
-    qs = {}
-    for variant in (kind, f"{kind}-tempered"):
-        drafter = random_drafter(variant, target, vocab, seed=3)
-        engine = SpeculativeEngine(TransformersBackend(target), drafter)
-        seen = []
-        original = drafter.propose
-
-        def propose(context, gamma, sampling, generator, original=original, seen=seen):
-            proposal = original(context, gamma, sampling, generator)
-            seen.append(proposal)
-            return proposal
-
-        drafter.propose = propose
-        engine.generate(MC_PROMPT, sampling, SpecConfig(max_new_tokens=3, gamma=1)).run()
-        qs[variant] = next(p.q[0] for p in seen if p.tokens.numel())
-    plain, tempered = qs[kind], qs[f"{kind}-tempered"]
-    logits = torch.log(plain[vocab]) * sampling.temperature  # the drafter's logits, up to a constant
-    expected = torch.zeros_like(plain)
-    expected[vocab] = probs(logits[None] / 0.5, sampling)[0]
-    assert torch.allclose(tempered, expected, atol=1e-5), (tempered, expected)
-    assert not torch.allclose(tempered, plain, atol=1e-3)
-
-
-def test_the_fitted_draft_temperature_maximises_the_acceptance_at_t1():
-    """A drafter whose logits are half the target's (under-confident) is accepted most often at draft
-    temperature 0.5: Σmin(p, q) peaks there, and the fit finds it (1.0, the negative control, is lower)."""
-    from specdec.training.train import DRAFT_TEMPERATURES, agreement
-
-    torch.manual_seed(0)
-    z = 3 * torch.randn(64, 50)
-    p = z.softmax(-1)
-    topk_probs, topk_ids = p.topk(50, dim=-1)
-    vocab = torch.arange(50)
-    valid = torch.ones(64)
-    by = {t: agreement(0.5 * z, topk_ids, topk_probs, vocab, vocab, valid, t)[1] for t in DRAFT_TEMPERATURES}
-    assert max(by, key=by.get) == 0.5
-    assert by[0.5] == pytest.approx(1.0, abs=1e-5) and by[1.0] < 0.95
-
-
-def test_training_fits_the_draft_temperature_and_saves_it(trained):
-    _, _, out = trained
-    for kind in KINDS:
-        net, directory = out[kind]
-        fit = net.config.recipe["draft_temperature_fit"]
-        means = {float(t): sum(v) / len(v) for t, v in fit["alpha_t1_by_temperature"].items()}
-        assert net.config.draft_temperature == fit["chosen"] and means[fit["chosen"]] == max(means.values()), (kind, fit)
-        assert json.loads((directory / "config.json").read_text())["draft_temperature"] == fit["chosen"]

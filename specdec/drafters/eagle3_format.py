@@ -164,8 +164,7 @@ def export(net: DraftNet, out: str | Path, layout: str, verifier: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     config = export_config(net, layout, verifier)
-    config["specdec"] = {"target": net.config.target, "draft_temperature": net.config.draft_temperature,
-                         "recipe_summary": {
+    config["specdec"] = {"target": net.config.target, "recipe_summary": {
         k: net.config.recipe.get(k) for k in ("steps_done", "seconds", "unroll", "vocab_size") if k in net.config.recipe}}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
@@ -282,8 +281,7 @@ def read(directory: str | Path, target) -> DraftNet:
                         eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=float(config.get("rope_theta", 10000.0)),
                         aux_layers=[int(i) for i in aux], norm_before_residual=bool(before),
                         max_positions=int(config.get("max_position_embeddings", 8192)),
-                        target=target_identity(target), recipe={"imported_from": str(directory), "layout": layout},
-                        draft_temperature=float((raw.get("specdec") or {}).get("draft_temperature", 1.0)))
+                        target=target_identity(target), recipe={"imported_from": str(directory), "layout": layout})
     net = DraftNet(draft, vocab, embed.float(), head.float())
     block = net.blocks[0]
     try:

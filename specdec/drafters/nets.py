@@ -67,12 +67,6 @@ class DraftConfig:
     """eagle3: the residual is norm(g) rather than g (vLLM's speculators variant; EAGLE-3 and SGLang: False)."""
     max_positions: int = 8192
     """eagle3: the target's context length (written into exported configs)."""
-    draft_temperature: float = 1.0
-    """Drafting at T > 0 draws from q = warp(logits / draft_temperature) (the request's temperature,
-    top-k, top-p after it): a trained drafter is under-confident, and the temperature that maximises
-    Σmin(p, q) on held-out answers (fitted after training, `training.train.fit_draft_temperature`) is
-    accepted more often (the shipped SmolLM2 drafter: 0.7, Σmin 0.437 -> 0.469 on held-out chat).
-    Exact whatever its value: the verifier is told the q the tokens were drawn from."""
     target: dict = field(default_factory=dict)
     """Identity of the target: name, model_type, tokenizer fingerprint, vocab width, hidden size."""
     recipe: dict = field(default_factory=dict)

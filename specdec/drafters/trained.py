@@ -219,18 +219,13 @@ def _full_width(values: torch.Tensor, vocab: torch.Tensor, width: int, fill: flo
 
 
 def _draw(logits: torch.Tensor, vocab: torch.Tensor, width: int, sampling: SamplingParams,
-          generator: torch.Generator, position: int, temperature: float = 1.0) -> tuple[int, torch.Tensor | None]:
+          generator: torch.Generator, position: int) -> tuple[int, torch.Tensor | None]:
     """One draft token for sequence index `position` from (1, |S|) logits: the argmax at
-    temperature 0, else a draw with its q (V,), the logits divided by the drafter's own
-    `temperature` (DraftConfig.draft_temperature) before the request's warp."""
+    temperature 0, else a draw with its q (V,)."""
     if sampling.greedy:
         return int(vocab[int(logits.argmax())]), None
-    q = _full_width(probs(_tempered(logits, temperature), sampling), vocab, width, 0.0)[0]  # (V,)
+    q = _full_width(probs(logits, sampling), vocab, width, 0.0)[0]  # (V,)
     return draw(q, sampling, generator, position), q
-
-
-def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    return logits if temperature == 1.0 else logits / temperature
 
 
 class DraftLMBackend(Backend):
@@ -258,7 +253,6 @@ class DraftLMBackend(Backend):
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         logits = self.net.lm(ids.to(self.device)[None], self.cache, start)[0].float()  # (n, |S|)
-        logits = _tempered(logits, self.net.config.draft_temperature)  # the argmax stays
         return _full_width(logits, self.net.vocab, self.vocab_size, float("-inf"))
 
 
@@ -314,7 +308,7 @@ class EagleDrafter(Drafter):
         tokens, dists = [], []
         for i in range(gamma):
             token, q = _draw(self.net.draft_logits(predicted[0]).float(), self.net.vocab, self.target.vocab_size,
-                             sampling, generator, context.numel() + i, self.net.config.draft_temperature)
+                             sampling, generator, position=context.numel() + i)
             tokens.append(token)
             if q is not None:
                 dists.append(q)
@@ -362,7 +356,7 @@ class EagleTreeDrafter(EagleDrafter):
         if sampling.greedy:
             top = torch.softmax(logits[0], -1).topk(min(self.branch, logits.shape[-1]))
             return [(int(vocab[i]), float(v)) for v, i in zip(top.values, top.indices)], None
-        q = _full_width(probs(_tempered(logits, self.net.config.draft_temperature), sampling), vocab, width, 0.0)[0]
+        q = _full_width(probs(logits, sampling), vocab, width, 0.0)[0]  # (V,)
         if sampling.drafter_invariant:
             first = coupled_draw(q, sampling.seed, position)
             others = [int(t) for t in q.topk(self.branch + 1).indices if int(t) != first and q[t] > 0]
@@ -446,7 +440,7 @@ class MedusaDrafter(Drafter):
         tokens, dists = [], []
         for i in range(k):
             token, q = _draw(logits[i : i + 1], self.net.vocab, self.target.vocab_size, sampling, generator,
-                             context.numel() + i, self.net.config.draft_temperature)
+                             position=context.numel() + i)
             tokens.append(token)
             if q is not None:
                 dists.append(q)

@@ -143,11 +143,10 @@ def soft_cross_entropy(logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs:
 
 
 def agreement(logits: torch.Tensor, topk_ids: torch.Tensor, topk_probs: torch.Tensor, to_draft: torch.Tensor,
-              vocab: torch.Tensor, valid: torch.Tensor, temperature: float = 1.0) -> tuple[float, float]:
-    """(α at T=0: draft argmax == target argmax, α at T=1: Σ min(p, q) over the target's top-K), q
-    drawn at the drafter's own `temperature` (DraftConfig.draft_temperature)."""
+              vocab: torch.Tensor, valid: torch.Tensor) -> tuple[float, float]:
+    """(α at T=0: draft argmax == target argmax, α at T=1: Σ min(p, q) over the target's top-K)."""
     greedy = (vocab[logits.argmax(dim=-1)] == topk_ids[..., 0]).float()
-    q = (logits.float() / temperature).softmax(dim=-1)
+    q = logits.float().softmax(dim=-1)
     index = to_draft[topk_ids]
     q_at = q.gather(-1, index.clamp(min=0)) * (index >= 0)
     beta = torch.minimum(topk_probs, q_at).sum(dim=-1)
@@ -161,7 +160,6 @@ class Objective:
     def __init__(self, net: DraftNet, feature_rms: float, unroll: int, feature_loss: float = 1.0):
         self.net, self.kind, self.feature_rms, self.unroll = net, net.config.kind, feature_rms, max(1, unroll)
         self.feature_loss = feature_loss
-        self.draft_temperature = net.config.draft_temperature  # what measure_steps' Σmin(p, q) draws q at
         width = int(max(net.vocab.max() + 1, net.embed.shape[0]))
         self.to_draft = torch.full((width,), -1, dtype=torch.long)
         self.to_draft[net.vocab] = torch.arange(net.vocab.numel())
@@ -215,7 +213,7 @@ class Objective:
         for logits, at, _ in self._outputs(b):
             answers = b["answer"][:, at].float()
             out.append((int(answers.sum()), *agreement(logits, b["topk_ids"][:, at], b["topk_probs"][:, at],
-                                                       self.to_draft, self.net.vocab, answers, self.draft_temperature)))
+                                                       self.to_draft, self.net.vocab, answers)))
         return out
 
 
@@ -237,24 +235,6 @@ def held_out_agreement(objective: Objective, windows: Windows, count: int = 256,
     return {"sequences": len(picks), "positions": int(totals[0][0]) if totals else 0,
             "alpha_t0": [round(t[1] / max(t[0], 1), 4) for t in totals],
             "alpha_t1": [round(t[2] / max(t[0], 1), 4) for t in totals]}
-
-
-DRAFT_TEMPERATURES = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-
-
-def fit_draft_temperature(objective: Objective, windows: Windows,
-                          grid: tuple[float, ...] = DRAFT_TEMPERATURES) -> tuple[float, dict[str, list[float]]]:
-    """The drafter's own temperature (DraftConfig.draft_temperature) that maximises Σmin(p, q) at T = 1,
-    averaged over the draft positions, on `windows` (answers the drafter trained on: one number is
-    fitted, and held-out answers stay for the report); returns it and Σmin by temperature. Leaves the
-    objective at the chosen temperature."""
-    table = {}
-    for temperature in grid:
-        objective.draft_temperature = temperature
-        table[str(temperature)] = held_out_agreement(objective, windows, count=128)["alpha_t1"]
-    best = max(grid, key=lambda t: (sum(table[str(t)]) / max(1, len(table[str(t)])), t == 1.0))
-    objective.draft_temperature = best
-    return best, table
 
 
 def init_from_target(net: DraftNet, model) -> bool:
@@ -423,12 +403,6 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
     alpha0, alpha1 = objective.measure(eval_batch)
     history.append({"step": step, "loss": smooth, "alpha_t0": alpha0, "alpha_t1": alpha1})
     seconds = round(time.perf_counter() - start, 1)
-    fitted, by_temperature = fit_draft_temperature(objective, Windows(
-        data, train_windows.sequences, recipe.window, recipe.seed + 2, recipe.prompt_weight))
-    net.config.draft_temperature = fitted
-    alpha0, alpha1 = objective.measure(eval_batch)  # for the log line below, q at the fitted temperature
-    log(f"{recipe.kind}: drafting temperature {fitted} (Σmin(p,q) at T=1 by temperature, answers trained on: "
-        + ", ".join(f"{t}: {sum(v) / max(1, len(v)):.3f}" for t, v in by_temperature.items()) + ")")
     by_set = {}
     for name, members in (sets or {"all": range(data.sequences)}).items():
         inside = [h for h in held_out if h in members]
@@ -441,8 +415,7 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
     net.config.recipe = {**asdict(recipe), "trained_parameters": size, "vocab_mass_covered": covered,
                          "steps_done": step, "seconds": seconds,
                          "first_loss": first_loss, "final_loss": smooth, "initialised_from_target": initialised,
-                         "history": history, "held_out": by_set,
-                         "draft_temperature_fit": {"chosen": fitted, "alpha_t1_by_temperature": by_temperature}}
+                         "history": history, "held_out": by_set}
     log(f"{recipe.kind}: {step} steps in {seconds:.0f} s, loss {first_loss:.3f} -> {smooth:.3f}, "
         f"held-out α (T=0) {alpha0:.3f}, Σmin(p,q) (T=1) {alpha1:.3f}")
     return net

@@ -1,5 +1,6 @@
 """A shipped drafter's acceptance in the engine at T > 0 against its own drafting temperature
-(DraftConfig.draft_temperature): fixed gamma = 1, the same seeded requests for each temperature; accepted
+(DraftConfig.draft_temperature, which exists at commit 2370c64 only: the experiment was reverted after this
+measurement; run it there): fixed gamma = 1, the same seeded requests for each temperature; accepted
 drafts over drafted ones, the mean Σmin(p, q) of the drafted positions (the acceptance each draw had, less
 noisy than the draws), and tok/s paired over the untempered drafter (temperatures interleaved per prompt).
 
