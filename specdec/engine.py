@@ -30,7 +30,7 @@ from .backends import Backend, Step
 from .config import SamplingParams, SpecConfig
 from .drafters.base import Drafter, Proposal
 from .errors import SpecdecError
-from .gamma import AcceptanceHistory, GammaPolicy
+from .gamma import GammaPolicy, RoundHistory
 from .metrics import GenerationStats
 from .modeling.tree import ancestor_mask, depths
 from .rejection import TreeVerdict, Verdict, verify, verify_greedy, verify_tree, verify_tree_greedy
@@ -134,8 +134,9 @@ class SpeculativeEngine:
         self.target = target
         self.drafter = drafter
         self.eos_token_ids = set(eos_token_ids)
-        self.acceptance = AcceptanceHistory()
-        """gamma=auto's long-run acceptance per drafter way and sampling regime, across generations."""
+        self.round_history = RoundHistory()
+        """What gamma=auto learnt of acceptance and costs in earlier generations (per drafter way and
+        sampling regime; the target's cost of positions)."""
         if drafter is not None:
             drafter.bind(target)
 
@@ -305,7 +306,7 @@ class SpeculativeEngine:
         regime = (drafter.name, sampling.temperature, sampling.top_k, sampling.top_p,
                   sampling.drafter_invariant) if drafter is not None else None
         policy = GammaPolicy(spec, prior_c=drafter.cost_prior if drafter is not None else 0.0,
-                             fast_rows=target.fast_rows, history=self.acceptance, regime=regime)
+                             fast_rows=target.fast_rows, history=self.round_history, regime=regime)
         prefilled = False
         try:
             start = time.perf_counter()

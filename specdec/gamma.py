@@ -15,11 +15,12 @@ then 16, 32, up to 64 while they keep saying no.
 
 Each depth's estimate weighs recent rounds more (DECAY) and is shrunk toward that depth's long-run
 acceptance: alpha_d = (recent accepted + K m_d) / (recent tested + K), m_d the acceptance over this
-generation's rounds and, carried over by the engine (`AcceptanceHistory`), earlier generations' with the
-same drafter, way and sampling settings. The recent estimate alone is noisy: at the drafter's ~0.4 at
-T = 1 it dipped to 0.1-0.3 in stretches, auto stopped drafting and only sparse probes brought it back (a
-fixed gamma = 1 ran 3-5 % faster, docs/results.md). A real change (a quote's copy ending) still moves
-alpha within a few rounds.
+generation's rounds and, carried over by the engine, earlier generations' with the same drafter, way and
+sampling settings (`RoundHistory`; so are the draft cost c and the target's cost of positions, weighted
+as 8 rounds at most, while one plain step a generation re-measures one position). The recent estimate
+alone is noisy: at the drafter's ~0.4 at T = 1 it dipped to 0.1-0.3 in stretches, auto stopped drafting
+and only sparse probes brought it back (a fixed gamma = 1 ran 3-5 % faster, docs/results.md). A real
+change (a quote's copy ending) still moves alpha within a few rounds.
 
 Example: alpha ~ 0.8, c ~ 0 and flat verification cost give gamma = gamma_max; alpha ~ 0.2 with
 c ~ 0.3 gives 0.
@@ -59,41 +60,63 @@ def _add(total: Acceptance, record: Acceptance) -> None:
         total[d][1] += t
 
 
-class AcceptanceHistory:
-    """Drafts accepted and tested by depth in earlier generations, per (regime, route): the long-run
-    acceptance a new generation's estimates start from and are shrunk toward. Kept by the engine
-    across its generations; old rounds fade by volume (past MAX_TESTED tests at depth 1 every depth is
-    scaled down)."""
+class RoundHistory:
+    """What earlier generations' rounds showed, kept by the engine across its generations: acceptance
+    by depth and the draft cost c per (regime, route), and the target's cost of scoring one and several
+    positions. A new generation starts from it (module docstring) instead of from priors: its first
+    rounds were sized with c = the drafter's guess and positions assumed free (gamma 3-4 where 1 pays),
+    and its estimates were noisiest when they decided most. Old rounds fade by volume: past MAX_TESTED
+    tests at depth 1, or MAX_ROUNDS timed rounds, the sums are scaled down."""
 
     MAX_TESTED = 2048.0
+    MAX_ROUNDS = 256.0
 
     def __init__(self) -> None:
-        self.records: dict = {}
+        self.acceptance: dict = {}
+        self.draft_cost: dict = {}
+        self.one_position = [0.0, 0.0]  # rounds, their total target seconds
+        self.multi_sums = [0.0] * 5  # n, Σx, Σy, Σxx, Σxy (GammaPolicy.multi_sums)
 
     def get(self, key) -> Acceptance:
-        return [list(x) for x in self.records.get(key, [])]
+        return [list(x) for x in self.acceptance.get(key, [])]
 
     def add(self, key, record: Acceptance) -> None:
         if not record or record[0][1] <= 0:
             return
         total = self.get(key)
         _add(total, record)
-        self.records[key] = _scaled(total, self.MAX_TESTED)
+        self.acceptance[key] = _scaled(total, self.MAX_TESTED)
+
+    def add_costs(self, one_position: list[float], multi_sums: list[float]) -> None:
+        self.one_position = _sums_scaled([a + b for a, b in zip(self.one_position, one_position)], self.MAX_ROUNDS)
+        self.multi_sums = _sums_scaled([a + b for a, b in zip(self.multi_sums, multi_sums)], self.MAX_ROUNDS)
+
+
+def _sums_scaled(sums: list[float], limit: float) -> list[float]:
+    """Sums over rounds (the first is their count) scaled so the count is at most `limit`: the same
+    mean and the same line through them, with less weight."""
+    factor = min(1.0, limit / sums[0]) if sums[0] > 0 else 1.0
+    return [x * factor for x in sums]
+
+
+_NONE = object()  # GammaPolicy.drafted_last when the last round did not draft (None is a route)
 
 
 class GammaPolicy:
     DECAY = 0.9  # weight of the past per round in the alpha estimate
     SHRINK = 10.0  # K: pseudo-tests at a depth's long-run acceptance mixed into its recent estimate
     CARRIED = 64.0  # at most this many tests at depth 1 of earlier generations in the long-run means
+    CARRIED_ROUNDS = 8.0  # at most this many earlier rounds' weight in each cost estimate
     FIRST_PRIOR = 0.5  # the long-run mean at depth 1 before any test (Beta(1, 1)); deeper: the depth above
     PROBE_EVERY = 8  # rounds of plain decoding before the first probe when auto chose 0
     MAX_PROBE_EVERY = 64  # each probe that changes nothing doubles the wait, up to this
     CALIBRATE_AT = 2  # rounds seen before a plain step measures one position's cost, if none has
 
     def __init__(self, spec: SpecConfig, prior_c: float, fast_rows: int | None = None,
-                 history: AcceptanceHistory | None = None, regime=None):
-        """`history` and `regime` (what makes acceptance comparable across generations: the drafter
-        and the sampling settings): where long-run acceptance comes from and goes back to (`commit`)."""
+                 history: RoundHistory | None = None, regime=None):
+        """`history` and `regime` (what makes rounds comparable across generations: the drafter and
+        the sampling settings): what earlier generations showed, and where this one's rounds go
+        (`commit`)."""
         self.spec = spec
         self.history = history
         self.regime = regime
@@ -105,14 +128,25 @@ class GammaPolicy:
         self.recent: Acceptance = []  # by depth - 1: decayed [accepted, tested]
         self.fresh: Acceptance = []  # by depth - 1: this generation's, undecayed
         self.carried: Acceptance = self._carried(None)  # earlier generations' (scaled, CARRIED)
-        self.c = prior_c
+        self.c = self._carried_c(None, prior_c)
         self.idle_rounds = 0
         self.probe_every = self.PROBE_EVERY
-        self.one_position = [0, 0.0]  # rounds that scored one position, their total target seconds
-        self.multi_sums = [0.0, 0.0, 0.0, 0.0, 0.0]  # n, Σx, Σy, Σxx, Σxy of target seconds vs positions (>= 2)
+        self.fresh_one = [0.0, 0.0]  # this generation's rounds that scored one position, their target seconds
+        self.fresh_multi = [0.0] * 5  # n, Σx, Σy, Σxx, Σxy of this generation's target seconds vs positions (>= 2)
+        carried_one = history.one_position if history is not None else [0.0, 0.0]
+        carried_multi = history.multi_sums if history is not None else [0.0] * 5
+        self.one_position = _sums_scaled(list(carried_one), self.CARRIED_ROUNDS)  # with this generation's
+        self.multi_sums = _sums_scaled(list(carried_multi), self.CARRIED_ROUNDS)
         self.reached: list[float] = []  # by depth - 1: decayed count of tree rounds accepted that deep,
         self.promised: list[float] = []  # and the decayed sum of the kept nodes' scores at that depth
         self.route = None
+        self.drafted_last = _NONE
+        """The route of the last round if it drafted: c is measured on rounds that follow one of their
+        route's, as a draft token costs in a run of drafting rounds. A drafter that reads the
+        target's features catches up on every token it has not seen before it drafts: after plain
+        rounds (probes, or the generation's first round: the whole prompt) that is several tokens
+        of its network, and counted in c it grew 0.2 -> 0.5 of a step over probes 8-64 rounds apart,
+        which made auto wait longer still (open chat, T = 1)."""
         self.routes: dict = {}  # route -> its ROUTE_STATE while another route is selected
 
     ROUTE_STATE = ("recent", "fresh", "carried", "c", "idle_rounds", "probe_every", "reached", "promised")
@@ -132,7 +166,7 @@ class GammaPolicy:
         state = self.routes.pop(route, None)
         if state is None:
             state = dict(recent=[], fresh=[], carried=self._carried(route),
-                         c=self.prior_c if prior_c is None else prior_c, idle_rounds=0,
+                         c=self._carried_c(route, self.prior_c if prior_c is None else prior_c), idle_rounds=0,
                          probe_every=self.PROBE_EVERY, reached=[], promised=[])
         for name, value in state.items():
             setattr(self, name, value)
@@ -142,8 +176,8 @@ class GammaPolicy:
         """Gamma for the coming round, at most `limit`."""
         if self.spec.gamma != "auto":
             return min(self.spec.gamma, limit)
-        if not self.one_position[0] and self.multi_sums[0] >= self.CALIBRATE_AT:
-            return 0
+        if not self.fresh_one[0] and self.fresh_multi[0] >= self.CALIBRATE_AT:
+            return 0  # one plain step a generation keeps the cost of one position measured here and now
         top = min(self.gamma_max, limit)
         gamma = theory.optimal_gamma_by_depth(self.alphas(max(1, top)), self.c, top, self.verify_cost)
         if gamma == 0 and limit > 0:
@@ -176,16 +210,24 @@ class GammaPolicy:
     def _carried(self, route) -> Acceptance:
         return _scaled(self.history.get((self.regime, route)), self.CARRIED) if self.history is not None else []
 
+    def _carried_c(self, route, prior: float) -> float:
+        return self.history.draft_cost.get((self.regime, route), prior) if self.history is not None else prior
+
     def commit(self) -> None:
-        """Hand each way's acceptance in this generation to the history, for the next generations."""
+        """Hand this generation's rounds to the history, for the next generations: each way's acceptance
+        and draft cost, and the target's cost of positions."""
         if self.history is None:
             return
-        self.history.add((self.regime, self.route), self.fresh)
-        for route, state in self.routes.items():
+        states = {**self.routes, self.route: {name: getattr(self, name) for name in self.ROUTE_STATE}}
+        for route, state in states.items():
             self.history.add((self.regime, route), state["fresh"])
+            if state["fresh"]:  # the way drafted: its c was measured
+                self.history.draft_cost[(self.regime, route)] = state["c"]
         self.fresh = []
         for state in self.routes.values():
             state["fresh"] = []
+        self.history.add_costs(self.fresh_one, self.fresh_multi)
+        self.fresh_one, self.fresh_multi = [0.0, 0.0], [0.0] * 5
 
     def verify_cost(self, gamma: int) -> float:
         """Measured cost of scoring gamma+1 positions, in units of scoring one (>= 1): a line
@@ -251,12 +293,15 @@ class GammaPolicy:
         were kept; `depth` the proposal's depth (a chain's: `drafted`, the default)."""
         positions = drafted + 1
         if positions == 1:
-            self.one_position[0] += 1
-            self.one_position[1] += target_seconds
+            for sums in (self.one_position, self.fresh_one):
+                sums[0] += 1
+                sums[1] += target_seconds
         else:
             for i, value in enumerate((1.0, positions, target_seconds, positions * positions, positions * target_seconds)):
                 self.multi_sums[i] += value
+                self.fresh_multi[i] += value
         if drafted == 0:
+            self.drafted_last = _NONE
             return
         reached = min(accepted + 1, drafted if depth is None else depth)  # depths whose draft was tested
         while len(self.recent) < reached:
@@ -268,6 +313,7 @@ class GammaPolicy:
             self.recent[d] = [self.DECAY * self.recent[d][0] + hit, self.DECAY * self.recent[d][1] + 1.0]
             self.fresh[d][0] += hit
             self.fresh[d][1] += 1.0
+        warm, self.drafted_last = self.drafted_last == self.route, self.route
         step = self.step_seconds() or target_seconds  # c is per target *step*
-        if step > 0:
+        if step > 0 and warm:
             self.c = 0.8 * self.c + 0.2 * (draft_seconds / drafted) / step

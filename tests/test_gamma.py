@@ -7,7 +7,7 @@ import pytest
 
 from specdec import theory
 from specdec.config import SpecConfig
-from specdec.gamma import AcceptanceHistory, GammaPolicy
+from specdec.gamma import GammaPolicy, RoundHistory
 
 
 def accepted_count(gamma: int, alpha: float, rng: random.Random) -> int:
@@ -171,7 +171,7 @@ def test_a_drafter_accepted_less_deep_is_given_a_shorter_gamma():
 def _zero_share(shrink: float, generations: int = 30) -> float:
     """Rounds without a draft, over 128-token generations at acceptance 0.4 a depth, two positions costing
     1.15 steps and each draft 0.05: drafting one token pays (1.4 tokens for 1.2 steps)."""
-    history, rng, zeros, rounds = AcceptanceHistory(), random.Random(1), 0, 0
+    history, rng, zeros, rounds = RoundHistory(), random.Random(1), 0, 0
     for _ in range(generations):
         policy = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.05, history=history, regime="chat")
         policy.SHRINK = shrink
@@ -194,7 +194,7 @@ def test_noise_in_the_recent_acceptance_does_not_turn_speculation_off():
 
 
 def test_a_generation_starts_from_the_acceptance_of_the_ones_before():
-    history = AcceptanceHistory()
+    history = RoundHistory()
     first = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.0, history=history, regime=("eagle", 0.0))
     for _ in range(40):
         first.observe(4, 4 if _ % 10 else 1, draft_seconds=0.0, target_seconds=1.0)
@@ -204,3 +204,26 @@ def test_a_generation_starts_from_the_acceptance_of_the_ones_before():
     other = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.0, history=history, regime=("eagle", 1.0))
     assert other.alphas(1) == [0.5]  # another temperature starts from the prior
     assert history.get((("eagle", 0.0), None))[0][1] == 40  # every round tested depth 1
+
+
+def test_a_generation_starts_from_the_costs_the_ones_before_measured():
+    """Positions costing 0.3 of a step each and drafts 0.2: a generation without history drafts 3+ in its
+    first round (c from the drafter's guess, positions assumed free: the negative control); one after
+    such a generation drafts what pays (at most 1), and still measures one position once, by its third round."""
+    def generation(history: RoundHistory | None) -> list[int]:
+        policy = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.05, history=history, regime="chat")
+        rng, chosen = random.Random(2), []
+        for _ in range(40):
+            gamma = policy.next(16)
+            chosen.append(gamma)
+            policy.observe(gamma, accepted_count(gamma, 0.5, rng), draft_seconds=0.2 * gamma,
+                           target_seconds=1.0 + 0.3 * gamma)
+        policy.commit()
+        return chosen
+
+    history = RoundHistory()
+    first = generation(history)
+    assert first[0] >= 3, first
+    second = generation(history)
+    assert second[0] <= 1 and 0 in second[:3], second
+    assert generation(None)[0] >= 3

@@ -1,6 +1,7 @@
 """gamma=auto as it is (acceptance per depth, shrunk toward the long-run mean carried across generations)
 against the policy before (one recent-weighted alpha, commit eb62742's specdec/gamma.py, loaded from git),
-interleaved per prompt in one process, the order alternating; a fixed gamma = 1 beside them. Paired
+interleaved per prompt in one process, the order alternating; a fixed gamma = 1 beside them. (Until commit
+1b95e85 the fixed gamma ran at T > 0 only.) Paired
 medians of tok/s over plain decoding, target calls and the share of rounds without a draft.
 
     .venv/bin/python docs/results/gamma-shrink/ab_gamma_shrink.py chat 1.0 auto 2   # task, T, drafter, repeats
@@ -50,9 +51,7 @@ def main() -> None:
     prompts = [p.text for p in task_prompts(task, 5, seed=0)]
     plain.generate(prompts[0], max_new_tokens=16)  # warm-up
     spec.generate(prompts[0], max_new_tokens=16)
-    variants = {"before": (policy_before(), "auto"), "now": (GammaPolicy, "auto")}
-    if temperature > 0:
-        variants["gamma1"] = (GammaPolicy, 1)
+    variants = {"before": (policy_before(), "auto"), "now": (GammaPolicy, "auto"), "gamma1": (GammaPolicy, 1)}
     rates: dict[str, list[float]] = {"plain": [], **{name: [] for name in variants}}
     calls: dict[str, list[int]] = {name: [] for name in variants}
     zeros: dict[str, list[float]] = {name: [] for name in variants}
