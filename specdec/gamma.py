@@ -70,6 +70,9 @@ class RoundHistory:
 
     MAX_TESTED = 2048.0
     MAX_ROUNDS = 256.0
+    MAX_KEYS = 256
+    """(regime, route) records kept; the least recently written go first (a server sees a regime per
+    distinct temperature and top-p its requests ask for)."""
 
     def __init__(self) -> None:
         self.acceptance: dict = {}
@@ -85,7 +88,16 @@ class RoundHistory:
             return
         total = self.get(key)
         _add(total, record)
-        self.acceptance[key] = _scaled(total, self.MAX_TESTED)
+        self._put(self.acceptance, key, _scaled(total, self.MAX_TESTED))
+
+    def set_draft_cost(self, key, c: float) -> None:
+        self._put(self.draft_cost, key, c)
+
+    def _put(self, records: dict, key, value) -> None:
+        records.pop(key, None)  # re-inserted last: dicts keep insertion order
+        records[key] = value
+        while len(records) > self.MAX_KEYS:
+            del records[next(iter(records))]
 
     def add_costs(self, one_position: list[float], multi_sums: list[float]) -> None:
         self.one_position = _sums_scaled([a + b for a, b in zip(self.one_position, one_position)], self.MAX_ROUNDS)
@@ -222,7 +234,7 @@ class GammaPolicy:
         for route, state in states.items():
             self.history.add((self.regime, route), state["fresh"])
             if state["fresh"]:  # the way drafted: its c was measured
-                self.history.draft_cost[(self.regime, route)] = state["c"]
+                self.history.set_draft_cost((self.regime, route), state["c"])
         self.fresh = []
         for state in self.routes.values():
             state["fresh"] = []

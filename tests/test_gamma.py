@@ -227,3 +227,14 @@ def test_a_generation_starts_from_the_costs_the_ones_before_measured():
     second = generation(history)
     assert second[0] <= 1 and 0 in second[:3], second
     assert generation(None)[0] >= 3
+
+
+def test_the_history_keeps_a_bounded_number_of_regimes():
+    """A server sees a regime per temperature its requests ask for: the oldest records go first."""
+    history = RoundHistory()
+    for i in range(history.MAX_KEYS + 50):
+        history.add((("eagle", i / 1000), None), [[1.0, 2.0]])
+        history.set_draft_cost((("eagle", i / 1000), None), 0.1)
+    assert len(history.acceptance) == len(history.draft_cost) == history.MAX_KEYS
+    assert (("eagle", 0.0), None) not in history.acceptance
+    assert history.get((("eagle", (history.MAX_KEYS + 49) / 1000), None)) == [[1.0, 2.0]]
