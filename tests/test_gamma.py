@@ -196,8 +196,8 @@ def test_noise_in_the_recent_acceptance_does_not_turn_speculation_off():
 def test_a_generation_starts_from_the_acceptance_of_the_ones_before():
     history = RoundHistory()
     first = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.0, history=history, regime=("eagle", 0.0))
-    for _ in range(40):
-        first.observe(4, 4 if _ % 10 else 1, draft_seconds=0.0, target_seconds=1.0)
+    for i in range(40):
+        first.observe(4, 4 if i % 10 else 1, draft_seconds=0.0, target_seconds=1.0)
     first.commit()
     same = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.0, history=history, regime=("eagle", 0.0))
     assert same.alphas(1)[0] > 0.85  # ~0.97 at depth 1 over 40 rounds, carried as 64 tests at most
