@@ -11,7 +11,8 @@ the cost of one (a plain step, or a round whose drafter had nothing to say). If 
 by the third, that round is a plain step, so the cost is measured rather than assumed flat: on a CPU
 without fast bf16, scoring 2 to 16 positions costs about twice one. gamma = 0 (plain decoding) is chosen
 when speculation would not pay; then one-token probes keep the estimates alive, after 8 plain rounds,
-then 16, 32, up to 64 while they keep saying no.
+then 16, 32, up to 64 while they keep saying no (a probe is two rounds of one draft token, so that the
+second times the draft cost: see drafted_last).
 
 Each depth's estimate weighs recent rounds more (DECAY) and is shrunk toward that depth's long-run
 acceptance: alpha_d = (recent accepted + K m_d) / (recent tested + K), m_d the acceptance over this
@@ -152,6 +153,10 @@ class GammaPolicy:
         self.reached: list[float] = []  # by depth - 1: decayed count of tree rounds accepted that deep,
         self.promised: list[float] = []  # and the decayed sum of the kept nodes' scores at that depth
         self.route = None
+        self.probe_left = 0
+        """Rounds left of a probe: two drafting rounds, so that the second times c (see drafted_last;
+        a c measured high, on a slow moment, was otherwise never measured again once auto had stopped
+        drafting because of it, and with c carried across generations it held every later one too)."""
         self.drafted_last = _NONE
         """The route of the last round if it drafted: c is measured on rounds that follow one of their
         route's, as a draft token costs in a run of drafting rounds. A drafter that reads the
@@ -161,7 +166,8 @@ class GammaPolicy:
         which made auto wait longer still (open chat, T = 1)."""
         self.routes: dict = {}  # route -> its ROUTE_STATE while another route is selected
 
-    ROUTE_STATE = ("recent", "fresh", "carried", "c", "idle_rounds", "probe_every", "reached", "promised")
+    ROUTE_STATE = ("recent", "fresh", "carried", "c", "idle_rounds", "probe_every", "probe_left", "reached",
+                   "promised")
     """What a drafter's rounds have shown (acceptance, draft cost, probing, how deep its trees are
     accepted), kept per route (`select`); what scoring positions costs is the target's, shared."""
 
@@ -179,7 +185,7 @@ class GammaPolicy:
         if state is None:
             state = dict(recent=[], fresh=[], carried=self._carried(route),
                          c=self._carried_c(route, self.prior_c if prior_c is None else prior_c), idle_rounds=0,
-                         probe_every=self.PROBE_EVERY, reached=[], promised=[])
+                         probe_every=self.PROBE_EVERY, probe_left=0, reached=[], promised=[])
         for name, value in state.items():
             setattr(self, name, value)
         self.route = route
@@ -193,10 +199,14 @@ class GammaPolicy:
         top = min(self.gamma_max, limit)
         gamma = theory.optimal_gamma_by_depth(self.alphas(max(1, top)), self.c, top, self.verify_cost)
         if gamma == 0 and limit > 0:
+            if self.probe_left:  # the probe's second round: c is timed on it (drafted_last)
+                self.probe_left -= 1
+                return 1
             self.idle_rounds += 1
-            if self.idle_rounds >= self.probe_every:  # a one-token probe keeps alpha and c measured
+            if self.idle_rounds >= self.probe_every:  # one-token probes keep alpha and c measured
                 self.idle_rounds = 0
                 self.probe_every = min(2 * self.probe_every, self.MAX_PROBE_EVERY)
+                self.probe_left = 1
                 return 1
         elif gamma > 0:
             self.idle_rounds, self.probe_every = 0, self.PROBE_EVERY

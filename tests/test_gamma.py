@@ -73,10 +73,10 @@ def test_auto_sees_the_step_from_one_position_to_several():
 
 def test_probes_back_off_while_speculation_keeps_losing():
     """Where speculation loses, each probe costs; the wait between probes doubles (8, 16, 32, 64),
-    so 300 rounds hold a handful of probes, not one every 8 rounds."""
+    so 300 rounds hold a handful of probes (two drafting rounds each), not one every 8 rounds."""
     policy = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.05)
     chosen = _run(policy, 300, alpha=0.2, step=1.0, per_position=0.5)
-    probes = sum(1 for g in chosen[40:] if g > 0)
+    probes = sum(1 for i in range(40, 300) if chosen[i] > 0 and chosen[i - 1] == 0)  # each probe's first round
     assert 1 <= probes <= 6, chosen
 
 
@@ -238,3 +238,23 @@ def test_the_history_keeps_a_bounded_number_of_regimes():
     assert len(history.acceptance) == len(history.draft_cost) == history.MAX_KEYS
     assert (("eagle", 0.0), None) not in history.acceptance
     assert history.get((("eagle", (history.MAX_KEYS + 49) / 1000), None)) == [[1.0, 2.0]]
+
+
+def test_a_draft_cost_measured_high_is_measured_again():
+    """A generation that starts from a draft cost measured high (0.8 of a step, a slow moment) stops
+    drafting; its probes must time c again, or it would never draft again, nor would the generations
+    after it. Here drafts really cost 0.05 and are accepted 0.6 with positions nearly free: it comes back."""
+    history = RoundHistory()
+    history.set_draft_cost(("chat", None), 0.8)
+    rng, chosen = random.Random(3), []
+    for _ in range(3):
+        policy = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.05, history=history, regime="chat")
+        for _ in range(100):
+            gamma = policy.next(16)
+            chosen.append(gamma)
+            policy.observe(gamma, accepted_count(gamma, 0.6, rng), draft_seconds=0.05 * gamma,
+                           target_seconds=1.0 + 0.05 * gamma)
+        policy.commit()
+    assert chosen[0] == 0 or chosen[:3].count(0) >= 1, chosen[:10]  # c = 0.8 does not pay at first
+    assert sum(g > 0 for g in chosen[-100:]) >= 90, chosen[-100:]
+    assert history.draft_cost[("chat", None)] < 0.2
