@@ -146,10 +146,9 @@ class GammaPolicy:
         self.probe_every = self.PROBE_EVERY
         self.fresh_one = [0.0, 0.0]  # this generation's rounds that scored one position, their target seconds
         self.fresh_multi = [0.0] * 5  # n, Σx, Σy, Σxx, Σxy of this generation's target seconds vs positions (>= 2)
-        carried_one = history.one_position if history is not None else [0.0, 0.0]
-        carried_multi = history.multi_sums if history is not None else [0.0] * 5
-        self.one_position = _sums_scaled(list(carried_one), self.CARRIED_ROUNDS)  # with this generation's
-        self.multi_sums = _sums_scaled(list(carried_multi), self.CARRIED_ROUNDS)
+        earlier = history if history is not None else RoundHistory()  # earlier generations' costs, as <= 8 rounds
+        self.carried_one = _sums_scaled(list(earlier.one_position), self.CARRIED_ROUNDS)
+        self.carried_multi = _sums_scaled(list(earlier.multi_sums), self.CARRIED_ROUNDS)
         self.reached: list[float] = []  # by depth - 1: decayed count of tree rounds accepted that deep,
         self.promised: list[float] = []  # and the decayed sum of the kept nodes' scores at that depth
         self.route = None
@@ -251,6 +250,16 @@ class GammaPolicy:
         self.history.add_costs(self.fresh_one, self.fresh_multi)
         self.fresh_one, self.fresh_multi = [0.0, 0.0], [0.0] * 5
 
+    @property
+    def one_position(self) -> list[float]:
+        """Rounds that scored one position and their total target seconds, earlier generations' included."""
+        return [a + b for a, b in zip(self.carried_one, self.fresh_one)]
+
+    @property
+    def multi_sums(self) -> list[float]:
+        """n, Σx, Σy, Σxx, Σxy of target seconds against positions (>= 2), earlier generations' included."""
+        return [a + b for a, b in zip(self.carried_multi, self.fresh_multi)]
+
     def verify_cost(self, gamma: int) -> float:
         """Measured cost of scoring gamma+1 positions, in units of scoring one (>= 1): a line
         through the multi-position rounds (their mean while they all had one size), over the mean
@@ -315,12 +324,10 @@ class GammaPolicy:
         were kept; `depth` the proposal's depth (a chain's: `drafted`, the default)."""
         positions = drafted + 1
         if positions == 1:
-            for sums in (self.one_position, self.fresh_one):
-                sums[0] += 1
-                sums[1] += target_seconds
+            self.fresh_one[0] += 1
+            self.fresh_one[1] += target_seconds
         else:
             for i, value in enumerate((1.0, positions, target_seconds, positions * positions, positions * target_seconds)):
-                self.multi_sums[i] += value
                 self.fresh_multi[i] += value
         if drafted == 0:
             self.drafted_last = _NONE
