@@ -18,15 +18,16 @@ def accepted_count(gamma: int, alpha: float, rng: random.Random) -> int:
     return n
 
 
-def _run(policy: GammaPolicy, rounds: int, alpha: float, step: float, per_position: float) -> list[int]:
-    """Feed the policy rounds whose target time is step + per_position * (positions - 1) and whose
-    drafts are accepted independently with probability alpha (seeded)."""
-    chosen, rng = [], random.Random(0)
+def _run(policy: GammaPolicy, rounds: int, alpha: float, step: float, per_position: float, draft: float = 0.0,
+         rng: random.Random | None = None, limit: int = 64) -> list[int]:
+    """Feed the policy rounds whose target time is step + per_position * (positions - 1), whose drafts
+    cost `draft` each and are accepted independently with probability alpha (seeded: `rng`, else seed 0)."""
+    chosen, rng = [], rng or random.Random(0)
     for _ in range(rounds):
-        gamma = policy.next(64)
+        gamma = policy.next(limit)
         chosen.append(gamma)
         accepted = accepted_count(gamma, alpha, rng)
-        policy.observe(gamma, accepted, draft_seconds=0.0, target_seconds=step + per_position * gamma)
+        policy.observe(gamma, accepted, draft_seconds=draft * gamma, target_seconds=step + per_position * gamma)
     return chosen
 
 
@@ -212,12 +213,7 @@ def test_a_generation_starts_from_the_costs_the_ones_before_measured():
     such a generation drafts what pays (at most 1), and still measures one position once, by its third round."""
     def generation(history: RoundHistory | None) -> list[int]:
         policy = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.05, history=history, regime="chat")
-        rng, chosen = random.Random(2), []
-        for _ in range(40):
-            gamma = policy.next(16)
-            chosen.append(gamma)
-            policy.observe(gamma, accepted_count(gamma, 0.5, rng), draft_seconds=0.2 * gamma,
-                           target_seconds=1.0 + 0.3 * gamma)
+        chosen = _run(policy, 40, alpha=0.5, step=1.0, per_position=0.3, draft=0.2, rng=random.Random(2), limit=16)
         policy.commit()
         return chosen
 
@@ -249,11 +245,7 @@ def test_a_draft_cost_measured_high_is_measured_again():
     rng, chosen = random.Random(3), []
     for _ in range(3):
         policy = GammaPolicy(SpecConfig(gamma="auto"), prior_c=0.05, history=history, regime="chat")
-        for _ in range(100):
-            gamma = policy.next(16)
-            chosen.append(gamma)
-            policy.observe(gamma, accepted_count(gamma, 0.6, rng), draft_seconds=0.05 * gamma,
-                           target_seconds=1.0 + 0.05 * gamma)
+        chosen += _run(policy, 100, alpha=0.6, step=1.0, per_position=0.05, draft=0.05, rng=rng, limit=16)
         policy.commit()
     assert chosen[0] == 0 or chosen[:3].count(0) >= 1, chosen[:10]  # c = 0.8 does not pay at first
     assert sum(g > 0 for g in chosen[-100:]) >= 90, chosen[-100:]
