@@ -33,9 +33,9 @@ def main() -> None:
     stats: dict[str, list] = {"A": [], "B": []}
     for r in range(repeats):
         for i, p in enumerate(prompts):
-            rates["plain"].append(plain.generate(p, max_new_tokens=128, temperature=temperature, seed=i).stats.tokens_per_second)
+            rates["plain"].append(plain.generate(p, max_new_tokens=128, temperature=temperature).stats.tokens_per_second)
             for name in ("A", "B") if (i + r) % 2 == 0 else ("B", "A"):
-                st = spec[name].generate(p, max_new_tokens=128, temperature=temperature, gamma=gamma, seed=i).stats
+                st = spec[name].generate(p, max_new_tokens=128, temperature=temperature, gamma=gamma).stats
                 rates[name].append(st.tokens_per_second)
                 stats[name].append(st)
     print(f"task {task}, T = {temperature}, gamma {gamma}, {kind}, {len(prompts)} prompts x {repeats}; A = {a}, B = {b}")
