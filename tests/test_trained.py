@@ -509,8 +509,9 @@ def test_packed_bf16_drafting_matches_unpacked():
 
 def test_a_draw_over_the_draft_vocabulary_picks_what_a_draw_over_q_would():
     """_draw samples over the |S| draft probabilities, not q's full width: with the vocabulary
-    ascending, the same generator state gives the same token (and q is unchanged); a tree node's
-    branch draws too. The negative control, the vocabulary out of order, changes tokens."""
+    ascending, the same generator state gives the same token (and q is unchanged), and several
+    draws at once (what the tree drafter's branches take) the same tokens. The negative control,
+    the vocabulary out of order, changes tokens."""
     from specdec.drafters.trained import _draw, _full_width
     from specdec.sampling import probs, sample, samples
 
