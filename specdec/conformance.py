@@ -9,7 +9,8 @@ chance of any false alarm is at most α (10⁻³) by Holm's correction (`exactne
    turned into a randomised PIT value against the target's law given its prefix (scored afresh,
    with the target's own one-position numerics): uniform if and only if every round, every bonus
    token, every rollback and every catch-up of the drafter left the law alone. The bonus tokens
-   alone (the target's token after an all-accepted round, drawn from p_{k+1}) get the same test.
+   alone (the target's token after an all-accepted round, drawn from p_{k+1}; for a token tree,
+   after a path accepted down to a leaf) get the same test.
    Each test reports the smallest TV it catches with 90 % power, simulated from the measured law.
 2. Greedy parity (and, for drafter-invariant sampling, seeded parity: the same with each of a few
    seeds, where the output must not depend on the drafter either). Speculative vs plain, token

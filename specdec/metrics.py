@@ -37,10 +37,10 @@ class GenerationStats:
     position_beta_sum: list[float] = field(default_factory=list)
     position_beta_sq_sum: list[float] = field(default_factory=list)
     """Σ β and Σ β² per draft position (sampled rounds), so acceptance can be checked position by position."""
-    rounds: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
-    """(positions scored, drafts accepted, tokens emitted) per target call: which pass produced
-    which token (greedy parity names the pass; bonus tokens are the last of all-accepted rounds).
-    Left out of to_dict."""
+    rounds: list[tuple[int, int, int, bool]] = field(default_factory=list, repr=False)
+    """(positions scored, drafts accepted, tokens emitted, whether its last token is a bonus token) per
+    target call: which pass produced which token (greedy parity names the pass; the conformance check
+    tests bonus tokens apart). Left out of to_dict."""
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
@@ -55,16 +55,19 @@ class GenerationStats:
         For a token tree, `drafted` counts its nodes, `accepted` the depth of the accepted path and
         `rejected` says whether the walk stopped at a node that had children (positions are depths)."""
         self.target_calls += 1
-        self.rounds.append((drafted + 1, accepted, accepted + 1 if emitted is None else emitted))
+        emitted = accepted + 1 if emitted is None else emitted
+        tree = rejected is not None
+        if rejected is None:
+            rejected = accepted < drafted
+        # a bonus token: the target's own draw after a walk that no draft stopped (every draft of a
+        # chain accepted, or a tree's path accepted down to a leaf), unless an end of sequence cut it
+        self.rounds.append((drafted + 1, accepted, emitted, drafted > 0 and not rejected and emitted == accepted + 1))
         if drafted == 0:
             return
         self.rounds_with_draft += 1
         self.drafted += drafted
         self.accepted += accepted
-        if rejected is None:
-            rejected = accepted < drafted
-        else:
-            self.tree_rounds += 1
+        self.tree_rounds += tree
         self.rejections += rejected
         if beta is not None:
             self.beta_sum += float(beta.sum())
@@ -86,10 +89,10 @@ class GenerationStats:
 
     def bonus_indices(self) -> list[int]:
         """Indices (into the generated tokens) of the bonus tokens: the target's own token after a
-        round whose every draft was accepted."""
+        round whose every draft was accepted (for a tree: whose accepted path reached a leaf)."""
         out, index = [], 0
-        for rows, accepted, emitted in self.rounds:
-            if rows > 1 and accepted == rows - 1 and emitted == rows:
+        for _, _, emitted, bonus in self.rounds:
+            if bonus:
                 out.append(index + emitted - 1)
             index += emitted
         return out
@@ -98,7 +101,7 @@ class GenerationStats:
         """(index of the first token that pass produced, positions it scored) for the target pass
         that produced the generated token at `index`."""
         start = 0
-        for rows, _, emitted in self.rounds:
+        for rows, _, emitted, _ in self.rounds:
             if index < start + emitted:
                 return start, rows
             start += emitted

@@ -325,6 +325,31 @@ def test_specdec_verify_fails_a_tree_walk_without_the_residual(monkeypatch):
     assert not report.passed, report.to_text()
 
 
+def _leaf_bonus_from_the_parent_row(p, q, tokens, parents, generator):
+    """verify_tree, but a walk that reaches a leaf draws its token from the leaf's parent's row."""
+    from specdec.rejection import TreeVerdict, sample
+
+    if q is None:
+        q = point_mass(tokens, p.shape[-1])
+    path, dist, tested, betas = walk_tree(p, q, tokens, parents, torch.rand(tokens.numel(), generator=generator))
+    if path and not bool((parents == path[-1]).any()):
+        dist = p[1 + path[-2]] if len(path) > 1 else p[0]
+    return TreeVerdict(path=path, token=sample(dist, generator), tested=[a for _, a in tested],
+                       beta=torch.tensor(betas, dtype=torch.float32))
+
+
+def test_specdec_verify_tests_a_tree_walk_s_bonus_tokens(monkeypatch):
+    """A walk accepted down to a leaf ends with the target's own draw there, a bonus token, which the
+    check tests apart; drawn from the wrong row, that test rejects."""
+    import specdec.engine
+    from specdec.config import SamplingParams
+
+    monkeypatch.setattr(specdec.engine, "verify_tree", _leaf_bonus_from_the_parent_row)
+    report = _tree_conformance(SamplingParams(temperature=1.0))
+    bonus = next(t for c in report.checks for t in c.tests if t.name.startswith("bonus tokens"))
+    assert bonus.samples > 100 and bonus.rejected, report.to_text()
+
+
 @pytest.mark.parametrize("backend_class", ["lean", "transformers"])
 @pytest.mark.parametrize("architecture", ["llama", "gemma3"])
 def test_tree_drafters_keep_greedy_output(architecture, backend_class):
