@@ -35,6 +35,12 @@ def _temporary_cache() -> None:
 
 _temporary_cache()
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n 2: one core a worker, and for the CLIs it starts
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
     """target / draft (same tokenizer) / alien (another tokenizer) / short (64-token context)."""
