@@ -381,6 +381,29 @@ def test_more_answers_a_prompt_and_chunks_that_resume(trained, tmp_path, monkeyp
     assert again.tokens[: int(again.offsets[7])].equal(data.tokens[: int(data.offsets[7])])
 
 
+def test_chunks_an_eagle3_run_left_part_way_are_continued_for_the_other_kinds(trained, tmp_path, monkeypatch):
+    """A recipe without aux features, with nothing of its own cached, continues the chunks an eagle3 run
+    (the same answers, with aux) sampled before it stopped, instead of sampling everything again."""
+    from specdec.drafters import eagle3_format
+    from specdec.training import data as data_module
+    from specdec.training.data import DataRecipe, data_files
+
+    target = trained[0]
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(eagle3_format, "default_aux_layers", lambda layers: [0, 1])
+    monkeypatch.setattr(data_module, "CHUNK_SEQUENCES", 3)
+    lean = LeanBackend(target.model)
+    recipe = DataRecipe(prompts=6, max_new_tokens=4, max_prompt_tokens=16, batch=4, topk=4, sampler="engine")
+    with_aux = data_files(target, dataclasses.replace(recipe, aux_layers=(0, 1)), log=lambda _: None, backend=lean)
+    assert len(with_aux) == 2
+    kept = with_aux[0].read_bytes()
+    with_aux[1].unlink()  # the eagle3 run stopped after its first chunk
+    logs: list[str] = []
+    assert data_files(target, recipe, log=logs.append, backend=lean) == with_aux
+    assert with_aux[0].read_bytes() == kept  # the first chunk read, not sampled again
+    assert any("continuing" in line for line in logs) and any("chunk 1 of 2 cached" in line for line in logs)
+
+
 def test_data_sampled_for_eagle3_serves_the_other_kinds(trained, tmp_path, monkeypatch):
     """Data cached with the default aux layers' hidden states (an eagle3 run's) is what a recipe without
     them reads, nothing sampled again; read without aux it holds none."""

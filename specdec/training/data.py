@@ -403,6 +403,11 @@ def data_files(target, recipe: DataRecipe, log=print, backend=None) -> list[Path
         if files:
             log(f"distillation data: {whole.name if len(files) == 1 else whole.stem + '.part*'} (cached{note})")
             return files
+    if len(candidates) > 1 and not any(folder.glob(f"{path.stem}.part*of*.safetensors")):
+        whole = candidates[1][0]
+        if any(folder.glob(f"{whole.stem}.part*of*.safetensors")):  # an eagle3 run's chunks, stopped part way
+            log(f"distillation data: continuing {whole.stem}.part*{candidates[1][1]} (its answers serve this recipe)")
+            recipe, path = replace(recipe, aux_layers=layers), whole
     plain = folder / f"{stem}-{replace(recipe, aux_layers=()).key(identity, target.dtype)}.safetensors"
     if recipe.sampler == "transformers" and recipe.aux_layers and plain.is_file():
         # the same answers without aux features: one teacher pass adds them
