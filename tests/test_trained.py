@@ -694,7 +694,7 @@ def test_specdec_verify_passes_each_kind(kind):
     """The conformance check (quick settings) on the lean backend at T = 0.7, top-p 0.9, at a fixed
     gamma = 3 (every medusa head): gamma = auto sizes rounds from measured times, so its draws, and
     the check's verdict, would change from run to run and host to host (a CI run on another host
-    drew a bonus-token PIT at p = 8e-5, inside the check's 10^-3 false-alarm rate; 16 independent
+    drew a bonus-token PIT at p = 8e-5, inside the check's 10^-3 false-alarm rate; 11 independent
     stronger runs here, at 3 and auto, passed). Fixed, the verdict is reproducible; gamma = auto's
     exactness is tested token for token in test_coupled.py."""
     from specdec.conformance import Settings, run_conformance
