@@ -73,6 +73,7 @@ def _prune_copies(folder: Path, keep: Path) -> None:
             source = None
         if source is None or not Path(source).exists():
             other.unlink(missing_ok=True)
+            other.with_name(other.name + ".lock").unlink(missing_ok=True)
 
 
 @dataclass

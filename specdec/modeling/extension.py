@@ -2,7 +2,8 @@
 
 The build (torch.utils.cpp_extension with ninja and the system C++ compiler, 20-40 s on 2 cores) is
 cached under the specdec cache (SPECDEC_CACHE, default ~/.cache/specdec)/kernels, keyed by the
-source, torch, Python and the CPU's flags, so later processes load it in well under a second. Where
+source (its text and place), torch (its version and place), Python and the CPU's flags, so later processes
+load it in well under a second. Where
 it cannot be built or `supported()` says the CPU lacks what the source needs, `load()` returns None
 and `reason` says why; callers then run ATen. Its users: kernels.py (AVX-512 BF16), quant.py (GGUF blocks, AVX2) and
 rowops.py (float32 norms, RoPE and attention, AVX2).
@@ -48,8 +49,11 @@ class Extension:
     def _key(self) -> str:
         digest = hashlib.sha256()
         headers = [path.read_bytes() for path in sorted(self.source.parent.glob("*.h"))]  # what sources include
+        # torch's location too: the build's include paths name it, and ninja rebuilds when a command changes,
+        # so two environments sharing the cache (a CI clone's and the user's) rebuilt over each other's build
         for part in (self.source.read_bytes(), *headers, torch.__version__.encode(), sys.version.encode(),
-                     " ".join(sorted(cpu_flags())).encode()):
+                     " ".join(sorted(cpu_flags())).encode(), str(Path(torch.__file__).resolve().parent).encode(),
+                     str(self.source.resolve()).encode()):
             digest.update(part)
         return digest.hexdigest()[:12]
 
