@@ -1,0 +1,59 @@
+"""One target pass of n positions (SmolLM2, GGUF blocks, int8 activations) with two builds of quant.cpp side
+by side, interleaved: median ms, and new/old per n. Each source needs rowops.h and amx.h beside it.
+
+    mkdir -p /tmp/kv/old && cp specdec/modeling/*.h /tmp/kv/old/
+    git show HEAD~1:specdec/modeling/quant.cpp > /tmp/kv/old/quant.cpp
+    .venv/bin/python docs/results/zen2-epyc/ab_step.py /tmp/kv/old/quant.cpp specdec/modeling/quant.cpp
+"""
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specdec.backends import LeanBackend
+from specdec.modeling import quant
+from specdec.modeling.extension import Extension
+from specdec.models import load_model
+
+ROWS = [1, 2, 4, 8, 16]
+
+
+def steps(backend: LeanBackend, ids: torch.Tensor, n: int, repeats: int) -> list[float]:
+    backend.reset()
+    backend.prefill(ids)
+    draft = torch.randint(0, 1000, (n,), generator=torch.Generator().manual_seed(n))
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        backend.forward(draft)
+        out.append(time.perf_counter() - start)
+        backend.rollback(ids.numel())
+    return out
+
+
+def main() -> None:
+    loaded = load_model("smollm2-135m", "float32")
+    backends = {}
+    for name, path in (("old", sys.argv[1]), ("new", sys.argv[2])):
+        quant._extension = Extension(Path(path), "AVX2, FMA and F16C", "SPECDEC_QUANT", "")  # the module a backend keeps
+        backends[name] = LeanBackend(loaded.model, gguf=loaded.gguf, int8_activations=True)
+    ids = torch.tensor(loaded.tokenizer("The quick brown fox jumps over the lazy dog. " * 40)["input_ids"])[:200]
+    times: dict[tuple[str, int], list[float]] = {}
+    for n in ROWS:  # warm-up
+        for backend in backends.values():
+            steps(backend, ids, n, 3)
+    for _ in range(10):
+        for n in ROWS:
+            for name, backend in backends.items():
+                times.setdefault((name, n), []).extend(steps(backend, ids, n, 6))
+    print("| n | old ms | new ms | new / old |\n|---|---|---|---|")
+    for n in ROWS:
+        old, new = (statistics.median(times[name, n]) * 1e3 for name in ("old", "new"))
+        print(f"| {n} | {old:.2f} | {new:.2f} | {new / old:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
