@@ -2,16 +2,18 @@
 by side, interleaved: median ms, and new/old per n. Each source needs rowops.h and amx.h beside it.
 
     mkdir -p /tmp/kv/old && cp specdec/modeling/*.h /tmp/kv/old/
-    git show HEAD~1:specdec/modeling/quant.cpp > /tmp/kv/old/quant.cpp
+    git show 94c9b3a~1:specdec/modeling/quant.cpp > /tmp/kv/old/quant.cpp
     .venv/bin/python docs/results/zen2-epyc/ab_step.py /tmp/kv/old/quant.cpp specdec/modeling/quant.cpp
 """
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts"))
+from bench_step import step_times  # noqa: E402  (a pass of n positions after a context, timed)
 
 from specdec.backends import LeanBackend
 from specdec.modeling import quant
@@ -19,19 +21,6 @@ from specdec.modeling.extension import Extension
 from specdec.models import load_model
 
 ROWS = [1, 2, 4, 8, 16]
-
-
-def steps(backend: LeanBackend, ids: torch.Tensor, n: int, repeats: int) -> list[float]:
-    backend.reset()
-    backend.prefill(ids)
-    draft = torch.randint(0, 1000, (n,), generator=torch.Generator().manual_seed(n))
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        backend.forward(draft)
-        out.append(time.perf_counter() - start)
-        backend.rollback(ids.numel())
-    return out
 
 
 def main() -> None:
@@ -44,11 +33,11 @@ def main() -> None:
     times: dict[tuple[str, int], list[float]] = {}
     for n in ROWS:  # warm-up
         for backend in backends.values():
-            steps(backend, ids, n, 3)
+            step_times(backend, ids, n, 3)
     for _ in range(10):
         for n in ROWS:
             for name, backend in backends.items():
-                times.setdefault((name, n), []).extend(steps(backend, ids, n, 6))
+                times.setdefault((name, n), []).extend(step_times(backend, ids, n, 6))
     print("| n | old ms | new ms | new / old |\n|---|---|---|---|")
     for n in ROWS:
         old, new = (statistics.median(times[name, n]) * 1e3 for name in ("old", "new"))
