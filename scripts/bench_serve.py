@@ -3,13 +3,13 @@
 
 1. Throughput: 1, 4 and 8 concurrent clients, each streaming chat completions (96 tokens, T=0; every
    group serves the same 16 prompts, four of each task); total tokens/s, p50 time per output token and time to first token.
-   One client also with speculation off (gamma 0), to show what speculation adds at low load.
+   Each also with speculation off (gamma 0), to show what speculation adds at each load.
 2. A mixed load: 16 clients x 200 requests (streamed and not, seeded and greedy, one in ten
    abandoned by its client): lost, crossed and hung requests, and every answer compared with the
    same request run alone on an idle server.
 
     .venv/bin/python scripts/bench_serve.py [--port 8766] [--max-batch 8] [--row-budget 16] [--weights auto]
-        [--out docs/results/serve-load.txt]
+        [--temperature 0] [--out docs/results/serve-load.txt]
 """
 
 import argparse
@@ -48,9 +48,9 @@ def percentile(values, q):
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
-def stream_chat(client: OpenAI, text: str, gamma, max_tokens: int = 96) -> dict:
+def stream_chat(client: OpenAI, text: str, gamma, max_tokens: int = 96, temperature: float = 0.0) -> dict:
     start, first, tokens = time.perf_counter(), None, 0
-    stream = client.chat.completions.create(model=MODEL, stream=True, max_tokens=max_tokens, temperature=0,
+    stream = client.chat.completions.create(model=MODEL, stream=True, max_tokens=max_tokens, temperature=temperature,
                                             messages=[{"role": "user", "content": text}],
                                             extra_body={"gamma": gamma, "ignore_eos": True})
     for chunk in stream:
@@ -62,11 +62,11 @@ def stream_chat(client: OpenAI, text: str, gamma, max_tokens: int = 96) -> dict:
     return {"seconds": end - start, "tokens": tokens, "ttft": (first or end) - start}
 
 
-def throughput(base: str, prompts: list[str], clients: int, gamma) -> dict:
+def throughput(base: str, prompts: list[str], clients: int, gamma, temperature: float = 0.0) -> dict:
     """Every group serves the same prompts: client i takes prompts i, i + clients, ..."""
     def worker(i):
         client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
-        return [stream_chat(client, text, gamma) for text in prompts[i::clients]]
+        return [stream_chat(client, text, gamma, temperature=temperature) for text in prompts[i::clients]]
 
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -139,6 +139,7 @@ def main() -> None:
     parser.add_argument("--row-budget", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=4, help="prompts per task (code, summarise, translate, chat)")
     parser.add_argument("--mixed", type=int, default=200, help="requests in the mixed load (0: skip it)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="the throughput groups' temperature (unseeded)")
     parser.add_argument("--weights", default="auto", help="the server's --weights (float: bf16 on the tiles with AMX)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
@@ -158,13 +159,13 @@ def main() -> None:
         prompts = [p.text for task in tasks for p in task_prompts(task, args.prompts, seed=7)]
         stream_chat(OpenAI(base_url=base + "/v1", api_key="unused"), prompts[0], "auto", 8)  # warm-up
         say(f"specdec serve --max-batch {args.max_batch} --row-budget {args.row_budget}; openai client, "
-            "streamed chat, 96 tokens, T=0, ignore_eos")
+            f"streamed chat, 96 tokens, T={args.temperature:g}, ignore_eos")
         say("| clients | gamma | requests | total tokens/s | vs 1 client (auto) | vs 1 client (plain) "
             "| p50 time per output token | p50 TTFT |")
         say("|---|---|---|---|---|---|---|---|")
         one = plain = None
-        for clients, gamma in ((1, 0), (1, "auto"), (4, "auto"), (8, "auto")):
-            r = throughput(base, prompts, clients, gamma)
+        for clients, gamma in ((1, 0), (1, "auto"), (4, 0), (4, "auto"), (8, 0), (8, "auto")):
+            r = throughput(base, prompts, clients, gamma, args.temperature)
             if clients == 1:
                 one, plain = (r, plain) if gamma == "auto" else (one, r)
             ratio = f"{r['tokens_per_s'] / one['tokens_per_s']:.2f}x" if one else "-"

@@ -15,7 +15,10 @@ law is exactly the target's, whatever runs beside it. How many drafts to propose
 policy's and the drafter's choice, capped as the batch fills: a pass of b generations with k
 drafts (chain drafts or tree nodes) each scores b(k + 1) rows, and beyond `row_budget` rows a pass
 costs about what the rows cost one by one (`draft_cap`); requests that asked for a fixed gamma
-keep it.
+keep it. Whether drafting pays at all with b generations sharing a step is measured, not assumed
+(`SpeculationChoice`): where many rows cost nearly what as many steps do (AVX2: 16 rows ~3.7 steps),
+plain batching emits more tokens a second than speculative batching, where they are nearly free
+(AMX tiles) the drafts win.
 
 >>> # batch = Batch(engine, max_batch=8)
 >>> # a, b = batch.add(ids_a, SamplingParams(), SpecConfig()), batch.add(ids_b, ...)
@@ -61,13 +64,58 @@ class Member:
     done: bool = False
 
 
+class SpeculationChoice:
+    """Whether gamma="auto" generations draft while b of them share a step, chosen by what each way
+    has emitted per second at that batch size (`bucket`): a decayed mean of tokens per second of step
+    (the pass, the verification and the drafting) for "draft" and for "plain" steps (Batch.step
+    measures a step only when it and the step before ran the same way). A way with fewer than
+    `settle` steps measured at that size is tried first; after that the faster one runs, and the other
+    is tried again for `settle` steps every `probe_every`, so a change (longer contexts, other
+    prompts) is seen. The choice only caps how many tokens are drafted, never what is emitted
+    (verification keeps the target's law)."""
+
+    WAYS = ("draft", "plain")
+
+    def __init__(self, settle: int = 3, probe_every: int = 32, decay: float = 0.25):
+        self.settle, self.probe_every, self.decay = settle, probe_every, decay
+        self.rate: dict[tuple[int, str], float] = {}
+        self.seen: dict[tuple[int, str], int] = {}
+        self.steps: dict[int, int] = {}
+
+    @staticmethod
+    def bucket(running: int) -> int:
+        """Batch sizes measured together: 2, 3-4, 5-8, 9-16, ... (a server's batch moves by one as
+        requests come and go; each size alone would be measured too rarely to settle)."""
+        return (running - 1).bit_length()
+
+    def way(self, running: int) -> str:
+        b = self.bucket(running)
+        for way in self.WAYS:
+            if self.seen.get((b, way), 0) < self.settle:
+                return way
+        best = max(self.WAYS, key=lambda w: self.rate[b, w])
+        other = self.WAYS[1 - self.WAYS.index(best)]
+        return other if self.steps.get(b, 0) % self.probe_every < self.settle else best
+
+    def observe(self, running: int, way: str, tokens: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        b = self.bucket(running)
+        key, rate = (b, way), tokens / seconds
+        self.rate[key] = rate if key not in self.rate else (1 - self.decay) * self.rate[key] + self.decay * rate
+        self.seen[key] = self.seen.get(key, 0) + 1
+        self.steps[b] = self.steps.get(b, 0) + 1
+
+
 class Batch:
     def __init__(self, engine: SpeculativeEngine, max_batch: int = 8, row_budget: int = 16, prefill_chunk: int = 128,
-                 spec_off_at: int | None = None):
+                 spec_off_at: int | None = None, measure_choice: bool = True):
         """max_batch: generations at once (1 where the target cannot fork a sequence, or the drafter
         cannot be copied for one). row_budget: rows a step may score before drafts are capped.
         prefill_chunk: the most prompt tokens of one generation in a step. spec_off_at: batch size
-        from which generations with gamma="auto" do not speculate at all (None: only the budget)."""
+        from which generations with gamma="auto" do not speculate at all (None: only the budget).
+        measure_choice: with two or more generations, draft or not as measured faster at that batch
+        size (SpeculationChoice); False: draft within the budget always."""
         if max_batch < 1 or row_budget < 1 or prefill_chunk < 1:
             raise SpecdecError("max_batch, row_budget and prefill_chunk must be >= 1")
         target = engine.target
@@ -75,6 +123,9 @@ class Batch:
             raise SpecdecError("the engine's target is running a generation: finish or close it before batching")
         target.in_use_by = self
         self.engine, self.row_budget, self.prefill_chunk, self.spec_off_at = engine, row_budget, prefill_chunk, spec_off_at
+        self.choice = SpeculationChoice() if measure_choice else None
+        self._clock = time.perf_counter
+        self._last_way: str | None = None  # the way the drafts of this step's pass were proposed under
         self.max_batch = max_batch if target.can_fork and self._drafter_forks(engine.drafter) else 1
         self.slots = [Slot(target, engine.drafter)]
         self.members: list[Member] = []
@@ -157,7 +208,12 @@ class Batch:
         proposes its next round. Returns the tokens emitted, by generation; generations that ended
         have `done` set and have left `members`."""
         emitted: list[tuple[Member, list[int]]] = []
-        cap = self.draft_cap(len(self.members))
+        running = len(self.members)
+        cap = self.draft_cap(running)
+        way = None
+        if self.choice is not None and running >= 2 and cap != 0:
+            way = self.choice.way(running)
+            cap = 0 if way == "plain" else cap
         for member in self.members:
             member.limits.max_drafts = cap
         for member in list(self.members):
@@ -165,14 +221,22 @@ class Batch:
                 self._advance(member, emitted)
         waiting = [member for member in self.members if member.pending is not None]
         if waiting:
-            start = time.perf_counter()
+            decoding = all(m.pending.step.wants_logits for m in waiting)  # no prompt chunk in this pass
+            start = self._clock()
             results = self.engine.target.forward_many([(m.pending.sequence, m.pending.step) for m in waiting])
-            seconds = time.perf_counter() - start
+            seconds = self._clock() - start
             for member, logits in zip(waiting, results):
                 member.pending.logits = logits
                 member.pending.seconds = seconds  # each waits for the whole pass: its gamma policy sees the batch's cost
+            before = len(emitted)
             for member in waiting:
                 self._advance(member, emitted)
+            # a step scores the drafts proposed under the last step's way and proposes under its own: it
+            # measures a way only when both are that way
+            if way is not None and way == self._last_way and decoding and len(waiting) == running:
+                tokens = sum(len(tokens) for _, tokens in emitted[before:])
+                self.choice.observe(running, way, tokens, self._clock() - start)
+        self._last_way = way
         return emitted
 
     def _advance(self, member: Member, emitted: list[tuple[Member, list[int]]]) -> None:

@@ -166,3 +166,51 @@ def test_the_engine_is_the_batch_s_while_it_runs():
         engine.generate(PROMPTS[0], SamplingParams(temperature=0), SpecConfig(max_new_tokens=4)).run()
     batch.close()
     assert engine.generate(PROMPTS[0], SamplingParams(temperature=0), SpecConfig(max_new_tokens=4)).run().tokens
+
+
+@pytest.mark.parametrize("rows_cost, expected", [(lambda rows: 1.0, "draft"), (lambda rows: rows ** 1.3, "plain")])
+def test_drafting_in_a_batch_runs_where_it_measured_faster(rows_cost, expected):
+    """Each pass advances a fake clock by what its rows cost: where rows are free (AMX tiles) drafting
+    emits more tokens a second and runs; where a pass costs more than its rows would one by one,
+    plain steps win and drafting only comes back in the probes. Outputs stay what they are alone."""
+    target = tiny_llama(VOCAB, seed=0)
+    backend = LeanBackend(target)
+    batch = Batch(SpeculativeEngine(backend, PromptLookupDrafter()), max_batch=2, row_budget=16)
+    now = [0.0]
+    batch._clock = lambda: now[0]
+    forward_many = backend.forward_many
+
+    def timed(steps):
+        now[0] += rows_cost(sum(step.rows for _, step in steps))
+        return forward_many(steps)
+
+    backend.forward_many = timed
+    prompt = PROMPTS[1]  # repetitive: prompt lookup's drafts are accepted
+    spec = SpecConfig(gamma="auto", max_new_tokens=120)
+    members = [batch.add(prompt, SamplingParams(temperature=0), spec) for _ in range(2)]
+    ways = []
+    while batch.members:
+        if len(batch.members) == 2 and all(m.pending is not None for m in batch.members):
+            ways.append(batch.choice.way(2))
+        batch.step()
+    settled = ways[2 * batch.choice.settle:]
+    assert settled and settled.count(expected) > 0.8 * len(settled)
+    alone = SpeculativeEngine(LeanBackend(target), None).generate(prompt, SamplingParams(temperature=0), spec).run()
+    assert all(m.tokens == alone.tokens for m in members)
+
+
+def test_speculation_choice_probes_the_slower_way_again():
+    from specdec.batching import SpeculationChoice
+
+    choice = SpeculationChoice(settle=2, probe_every=10)
+    ways = []
+    for _ in range(40):
+        way = choice.way(4)
+        ways.append(way)
+        choice.observe(4, way, tokens=8 if way == "plain" else 4, seconds=1.0)
+    assert ways[:4] == ["draft", "draft", "plain", "plain"]
+    assert ways[4:10] == ["plain"] * 6 and ways[10:12] == ["draft", "draft"]  # a probe every 10 steps
+    assert ways.count("plain") >= 30
+    choice.observe(4, "draft", tokens=0, seconds=0.0)  # a zero-length step is not a measurement
+    assert choice.seen[choice.bucket(4), "draft"] == ways.count("draft")
+    assert [choice.bucket(n) for n in (2, 3, 4, 5, 8, 9)] == [1, 2, 2, 3, 3, 4]
