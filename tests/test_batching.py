@@ -6,7 +6,7 @@ import torch
 
 from helpers import tiny_gemma3, tiny_llama
 from specdec.backends import LeanBackend, Step, TransformersBackend
-from specdec.batching import Batch
+from specdec.batching import Batch, SpeculationChoice
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
 from specdec.drafters.prompt_lookup import PromptLookupTreeDrafter
@@ -193,15 +193,13 @@ def test_drafting_in_a_batch_runs_where_it_measured_faster(rows_cost, expected):
         if len(batch.members) == 2 and all(m.pending is not None for m in batch.members):
             ways.append(batch.choice.way(2))
         batch.step()
-    settled = ways[2 * batch.choice.settle:]
+    settled = ways[2 * (batch.choice.settle + 1):]  # each way: a step to switch, then `settle` measured
     assert settled and settled.count(expected) > 0.8 * len(settled)
     alone = SpeculativeEngine(LeanBackend(target), None).generate(prompt, SamplingParams(temperature=0), spec).run()
     assert all(m.tokens == alone.tokens for m in members)
 
 
 def test_speculation_choice_probes_the_slower_way_again():
-    from specdec.batching import SpeculationChoice
-
     choice = SpeculationChoice(settle=2, probe_every=10)
     ways = []
     for _ in range(40):
