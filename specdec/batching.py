@@ -17,8 +17,8 @@ drafts (chain drafts or tree nodes) each scores b(k + 1) rows, and beyond `row_b
 costs about what the rows cost one by one (`draft_cap`); requests that asked for a fixed gamma
 keep it. Whether drafting pays at all with b generations sharing a step is measured, not assumed
 (`SpeculationChoice`): where many rows cost nearly what as many steps do (AVX2: 16 rows ~3.7 steps),
-plain batching emits more tokens a second than speculative batching, where they are nearly free
-(AMX tiles) the drafts win.
+plain batching emitted more tokens a second than speculative batching when measured; where they
+are nearly free (AMX tiles) the drafts should win.
 
 >>> # batch = Batch(engine, max_batch=8)
 >>> # a, b = batch.add(ids_a, SamplingParams(), SpecConfig()), batch.add(ids_b, ...)
