@@ -80,7 +80,6 @@ class SpeculationChoice:
         self.settle, self.probe_every, self.decay = settle, probe_every, decay
         self.rate: dict[tuple[int, str], float] = {}
         self.seen: dict[tuple[int, str], int] = {}
-        self.steps: dict[int, int] = {}
 
     @staticmethod
     def bucket(running: int) -> int:
@@ -95,7 +94,8 @@ class SpeculationChoice:
                 return way
         best = max(self.WAYS, key=lambda w: self.rate[b, w])
         other = self.WAYS[1 - self.WAYS.index(best)]
-        return other if self.steps.get(b, 0) % self.probe_every < self.settle else best
+        steps = sum(self.seen[b, w] for w in self.WAYS)
+        return other if steps % self.probe_every < self.settle else best
 
     def observe(self, running: int, way: str, tokens: int, seconds: float) -> None:
         if seconds <= 0:
@@ -104,7 +104,6 @@ class SpeculationChoice:
         key, rate = (b, way), tokens / seconds
         self.rate[key] = rate if key not in self.rate else (1 - self.decay) * self.rate[key] + self.decay * rate
         self.seen[key] = self.seen.get(key, 0) + 1
-        self.steps[b] = self.steps.get(b, 0) + 1
 
 
 class Batch:
