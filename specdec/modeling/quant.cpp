@@ -927,6 +927,14 @@ SPECDEC_AVX2 inline __m256i broadcast_dword(const int8_t* q) {
   return _mm256_set1_epi32(dword);
 }
 
+// Steps i and i + STEPS / 2 of a group (codes lo, hi from avx2_steps) times a row's activations q, as
+// int16 pair sums.
+template <int64_t STEPS>
+SPECDEC_AVX2 inline __m256i step_pairs(__m256i lo, __m256i hi, const int8_t* q, int64_t i) {
+  return _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast_dword(q + 4 * i)),
+                          _mm256_maddubs_epi16(hi, broadcast_dword(q + 4 * (i + STEPS / 2))));
+}
+
 // Rows r0 .. r0 + R - 1 of x (within one 16-row tile of PackedActs) times blocks [b0, b1): each half of a
 // block's group unpacked once for the R rows, each row's int16 then int32 sums in registers.
 template <int64_t KIND, int64_t R>
@@ -947,12 +955,10 @@ SPECDEC_AVX2 void avx2_rows(const PackedActs& x, const uint8_t* w, int64_t strid
         if (h == 0) prefetch_group(p, GB);
         const int64_t at0 = x.at(r0, g);
         const int8_t* q0 = x.q.data() + at0 * F.G;
-        __m256i sums[R], pairs[R];
-        if constexpr (F.bytes || RUN != STEPS) {
-#pragma GCC unroll 16
-          for (int64_t r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256(), pairs[r] = _mm256_setzero_si256();
-        }
+        __m256i sums[R];
         if constexpr (F.bytes) {  // Q8_0: the sign trick on q = byte - 128
+#pragma GCC unroll 16
+          for (int64_t r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
 #pragma GCC unroll 1
           for (int64_t i = 0; i < STEPS; ++i) {
             __m256i code, unused;
@@ -968,45 +974,28 @@ SPECDEC_AVX2 void avx2_rows(const PackedActs& x, const uint8_t* w, int64_t strid
 #pragma GCC unroll 16
           for (int64_t r = 0; r < R; ++r)
             sums[r] = _mm256_add_epi32(sums[r], _mm256_set1_epi32(128 * x.total[at0 + r]));
-        } else if constexpr (RUN == STEPS) {
-          // 4-bit codes: one int16 sum a row over the whole group and one vpmaddwd at its end, so no int32
-          // sums live through the steps (with them, 8 rows spilled sums and accumulators to the stack every
-          // group; SmolLM2's layers at 16 rows 17.4 -> 16.0 ms on Zen 2). The same integers, the same bits.
-          __m256i lo, hi;
-          avx2_steps<KIND>(p, 0, h, lo, hi);
-#pragma GCC unroll 16
-          for (int64_t r = 0; r < R; ++r)  // step 0 starts the sums (no zeroed registers to add to)
-            pairs[r] = _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast_dword(q0 + r * F.G)),
-                                        _mm256_maddubs_epi16(hi, broadcast_dword(q0 + r * F.G + 2 * STEPS)));
-#pragma GCC unroll 1
-          for (int64_t i = 1; i < STEPS / 2; ++i) {
-            avx2_steps<KIND>(p, i, h, lo, hi);
-#pragma GCC unroll 16
-            for (int64_t r = 0; r < R; ++r) {
-              const int8_t* q = q0 + r * F.G;
-              pairs[r] = _mm256_add_epi16(pairs[r], _mm256_add_epi16(_mm256_maddubs_epi16(lo, broadcast_dword(q + 4 * i)),
-                                                                     _mm256_maddubs_epi16(hi, broadcast_dword(q + 4 * (i + STEPS / 2)))));
-            }
-          }
-#pragma GCC unroll 16
-          for (int64_t r = 0; r < R; ++r) sums[r] = _mm256_madd_epi16(pairs[r], ones);
         } else {
+          // int16 pair sums over a run of RUN steps, then one vpmaddwd a run into the int32 sums. 4-bit codes
+          // take the whole group as one run, so no int32 sums live through its steps (when they did, 8 rows
+          // spilled sums and accumulators to the stack every group; SmolLM2's layers at 16 rows 17.4 -> 16.0
+          // ms on Zen 2). The same integers in any order, the same bits.
+#pragma GCC unroll 4
+          for (int64_t run = 0; run < STEPS / RUN; ++run) {
+            const int64_t first = run * RUN / 2;  // a run's first two steps start its sums (no zeroed registers)
+            __m256i lo, hi, pairs[R];
+            avx2_steps<KIND>(p, first, h, lo, hi);
+#pragma GCC unroll 16
+            for (int64_t r = 0; r < R; ++r) pairs[r] = step_pairs<STEPS>(lo, hi, q0 + r * F.G, first);
 #pragma GCC unroll 1
-          for (int64_t i = 0; i < STEPS / 2; ++i) {  // rolled: unrolled, GCC spilled the sums
-            __m256i lo, hi;
-            avx2_steps<KIND>(p, i, h, lo, hi);
+            for (int64_t i = first + 1; i < (run + 1) * RUN / 2; ++i) {  // rolled: unrolled, GCC spilled
+              avx2_steps<KIND>(p, i, h, lo, hi);
+#pragma GCC unroll 16
+              for (int64_t r = 0; r < R; ++r) pairs[r] = _mm256_add_epi16(pairs[r], step_pairs<STEPS>(lo, hi, q0 + r * F.G, i));
+            }
 #pragma GCC unroll 16
             for (int64_t r = 0; r < R; ++r) {
-              const int8_t* q = q0 + r * F.G;
-              pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(lo, broadcast_dword(q + 4 * i)));
-              pairs[r] = _mm256_add_epi16(pairs[r], _mm256_maddubs_epi16(hi, broadcast_dword(q + 4 * (i + STEPS / 2))));
-            }
-            if ((2 * (i + 1)) % RUN == 0) {
-#pragma GCC unroll 16
-              for (int64_t r = 0; r < R; ++r) {
-                sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs[r], ones));
-                pairs[r] = _mm256_setzero_si256();
-              }
+              const __m256i run_sums = _mm256_madd_epi16(pairs[r], ones);
+              sums[r] = run == 0 ? run_sums : _mm256_add_epi32(sums[r], run_sums);
             }
           }
         }
