@@ -111,45 +111,33 @@ SPECDEC_AVX2 inline __m256 hsum8(const __m256 v[8]) {
   return _mm256_permutevar8x32_ps(z, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-// q . k for eight keys side by side: each key's sum is dot's (the same fmas in the same order, then
-// hsum), eight independent chains so the FMA units are not waiting on one accumulator.
-SPECDEC_AVX2 inline void dot8(const float* q, const float* const* k, int64_t hd, float scale, float* out) {
-  __m256 s[8];
-  for (int r = 0; r < 8; ++r) s[r] = _mm256_setzero_ps();
-  for (int64_t i = 0; i < hd; i += 8) {
-    const __m256 qi = _mm256_loadu_ps(q + i);
-    for (int r = 0; r < 8; ++r) s[r] = _mm256_fmadd_ps(qi, _mm256_loadu_ps(k[r] + i), s[r]);
-  }
-  _mm256_storeu_ps(out, _mm256_mul_ps(hsum8(s), _mm256_set1_ps(scale)));
-}
-
-// acc[0, 8 NV) += sum_j weights[j] values[slot j][0, 8 NV) for j in [j0, j1), each lane summed over j
+// acc[0, 8 NV) += sum_j weights[j] values[j][0, 8 NV) for j in [j0, j1), each lane summed over j
 // in order (continuing the sums a previous call left in acc).
 template <int NV>
-SPECDEC_AVX2 inline void weigh_values(const float* weights, const float* values, const int64_t* slots, int64_t j0,
+SPECDEC_AVX2 inline void weigh_values(const float* weights, const float* values, int64_t j0,
                                       int64_t j1, int64_t hd, float* acc) {
   __m256 a[NV];
   for (int c = 0; c < NV; ++c) a[c] = _mm256_loadu_ps(acc + 8 * c);
   for (int64_t j = j0; j < j1; ++j) {
     const __m256 w = _mm256_set1_ps(weights[j]);
-    const float* row = values + (slots != nullptr ? slots[j] : j) * hd;
+    const float* row = values + j * hd;
     for (int c = 0; c < NV; ++c) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * c), a[c]);
   }
   for (int c = 0; c < NV; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
 }
 
-SPECDEC_AVX2 void weigh_lanes(const float* weights, const float* values, const int64_t* slots, int64_t j0, int64_t j1,
+SPECDEC_AVX2 void weigh_lanes(const float* weights, const float* values, int64_t j0, int64_t j1,
                               int64_t hd, float* acc) {
   for (int64_t i = 0; i < hd; i += 64) {  // 64 lanes (8 accumulators) at a time
     switch (std::min<int64_t>(64, hd - i) / 8) {
-      case 8: weigh_values<8>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      case 7: weigh_values<7>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      case 6: weigh_values<6>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      case 5: weigh_values<5>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      case 4: weigh_values<4>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      case 3: weigh_values<3>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      case 2: weigh_values<2>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      default: weigh_values<1>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 8: weigh_values<8>(weights, values + i, j0, j1, hd, acc + i); break;
+      case 7: weigh_values<7>(weights, values + i, j0, j1, hd, acc + i); break;
+      case 6: weigh_values<6>(weights, values + i, j0, j1, hd, acc + i); break;
+      case 5: weigh_values<5>(weights, values + i, j0, j1, hd, acc + i); break;
+      case 4: weigh_values<4>(weights, values + i, j0, j1, hd, acc + i); break;
+      case 3: weigh_values<3>(weights, values + i, j0, j1, hd, acc + i); break;
+      case 2: weigh_values<2>(weights, values + i, j0, j1, hd, acc + i); break;
+      default: weigh_values<1>(weights, values + i, j0, j1, hd, acc + i); break;
     }
   }
 }
@@ -161,36 +149,36 @@ SPECDEC_AVX2 void weigh_lanes(const float* weights, const float* values, const i
 // weigh_values on 16-lane registers, where the CPU has AVX-512: each lane's fmas are the same, so the
 // sums are weigh_values' to the bit, in half the instructions.
 template <int NZ>
-SPECDEC_AVX512F inline void weigh_values16(const float* weights, const float* values, const int64_t* slots, int64_t j0,
+SPECDEC_AVX512F inline void weigh_values16(const float* weights, const float* values, int64_t j0,
                                            int64_t j1, int64_t hd, float* acc) {
   __m512 a[NZ];
   for (int c = 0; c < NZ; ++c) a[c] = _mm512_loadu_ps(acc + 16 * c);
   for (int64_t j = j0; j < j1; ++j) {
     const __m512 w = _mm512_set1_ps(weights[j]);
-    const float* row = values + (slots != nullptr ? slots[j] : j) * hd;
+    const float* row = values + j * hd;
     for (int c = 0; c < NZ; ++c) a[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 16 * c), a[c]);
   }
   for (int c = 0; c < NZ; ++c) _mm512_storeu_ps(acc + 16 * c, a[c]);
 }
 
 // weigh_lanes for hd a multiple of 16, on AVX-512.
-SPECDEC_AVX512F void weigh_lanes16(const float* weights, const float* values, const int64_t* slots, int64_t j0,
+SPECDEC_AVX512F void weigh_lanes16(const float* weights, const float* values, int64_t j0,
                                    int64_t j1, int64_t hd, float* acc) {
   for (int64_t i = 0; i < hd; i += 128) {  // 128 lanes (8 accumulators) at a time
     switch (std::min<int64_t>(128, hd - i) / 16) {
-      case 8: weigh_values16<8>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      case 7: weigh_values16<7>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      case 6: weigh_values16<6>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      case 5: weigh_values16<5>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      case 4: weigh_values16<4>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      case 3: weigh_values16<3>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      case 2: weigh_values16<2>(weights, values + i, slots, j0, j1, hd, acc + i); break;
-      default: weigh_values16<1>(weights, values + i, slots, j0, j1, hd, acc + i); break;
+      case 8: weigh_values16<8>(weights, values + i, j0, j1, hd, acc + i); break;
+      case 7: weigh_values16<7>(weights, values + i, j0, j1, hd, acc + i); break;
+      case 6: weigh_values16<6>(weights, values + i, j0, j1, hd, acc + i); break;
+      case 5: weigh_values16<5>(weights, values + i, j0, j1, hd, acc + i); break;
+      case 4: weigh_values16<4>(weights, values + i, j0, j1, hd, acc + i); break;
+      case 3: weigh_values16<3>(weights, values + i, j0, j1, hd, acc + i); break;
+      case 2: weigh_values16<2>(weights, values + i, j0, j1, hd, acc + i); break;
+      default: weigh_values16<1>(weights, values + i, j0, j1, hd, acc + i); break;
     }
   }
 }
 
-// Whether attend_queries weighs the values on 16-lane registers: where the CPU has AVX-512, unless a test
+// Whether attend_rows weighs the values on 16-lane registers: where the CPU has AVX-512, unless a test
 // turned it off (set_wide_lanes) to compare the two.
 inline bool& wide_lanes() {
   static bool wide = __builtin_cpu_supports("avx512f");
@@ -203,114 +191,173 @@ bool set_wide_lanes(bool wide) {
   return previous;
 }
 
-// One query's part of attend_queries: its allowed keys' slots, and its scores, then weights.
-struct QueryWork {
-  std::vector<float> scores;
-  std::vector<int64_t> slots;
-  std::vector<float> acc;
-  int64_t n = 0, done = 0;
-  const int64_t* slot = nullptr;
-  int64_t at(int64_t j) const { return slot != nullptr ? slot[j] : j; }
-  // The number of this query's keys in slots before c (those from `done` on are the next chunk's).
-  int64_t end_before(int64_t c) const {
-    return slot != nullptr ? std::lower_bound(slot + done, slot + n, c) - slot : std::min(n, c);
+// The scores of NQ queries against NK keys, the keys read once for all NQ: each (query, key) summed
+// exactly as dot() sums it (eight lanes over the head's dimensions in order, then hsum), times scale, into
+// out[r][0, NK). NQ * NK = 8: hsum8 reduces all eight (the same additions as eight hsums).
+template <int NK, int NQ>
+SPECDEC_AVX2 inline void score_tile(const float* const* q, const float* k, int64_t hd, float scale, float* const* out) {
+  static_assert(NK * NQ == 8, "one hsum8");
+  __m256 s[8];
+  for (int x = 0; x < 8; ++x) s[x] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < hd; i += 8) {
+    __m256 qv[NQ];
+    for (int r = 0; r < NQ; ++r) qv[r] = _mm256_loadu_ps(q[r] + i);
+    for (int c = 0; c < NK; ++c) {
+      const __m256 kv = _mm256_loadu_ps(k + c * hd + i);
+      for (int r = 0; r < NQ; ++r) s[r * NK + c] = _mm256_fmadd_ps(qv[r], kv, s[r * NK + c]);
+    }
   }
+  float sums[8];
+  _mm256_storeu_ps(sums, _mm256_mul_ps(hsum8(s), _mm256_set1_ps(scale)));
+  for (int r = 0; r < NQ; ++r) std::memcpy(out[r], sums + r * NK, NK * sizeof(float));
+}
+
+// acc_r[0, 8 NV) += sum_j weights_r[j] values[j][0, 8 NV) for NQ queries, j in [j0, j1) in order: each
+// lane's sum is weigh_values' (the same fmas in the same order), a value row read once for the NQ.
+template <int NQ, int NV>
+SPECDEC_AVX2 inline void weigh_tile(const float* const* weights, const float* values, int64_t j0, int64_t j1,
+                                    int64_t hd, float* const* acc) {
+  __m256 a[NQ][NV];
+  for (int r = 0; r < NQ; ++r)
+    for (int c = 0; c < NV; ++c) a[r][c] = _mm256_loadu_ps(acc[r] + 8 * c);
+  for (int64_t j = j0; j < j1; ++j) {
+    const float* row = values + j * hd;
+    __m256 v[NV];
+    for (int c = 0; c < NV; ++c) v[c] = _mm256_loadu_ps(row + 8 * c);
+    for (int r = 0; r < NQ; ++r) {
+      const __m256 w = _mm256_set1_ps(weights[r][j]);
+      for (int c = 0; c < NV; ++c) a[r][c] = _mm256_fmadd_ps(w, v[c], a[r][c]);
+    }
+  }
+  for (int r = 0; r < NQ; ++r)
+    for (int c = 0; c < NV; ++c) _mm256_storeu_ps(acc[r] + 8 * c, a[r][c]);
+}
+
+// weigh_tile for NQ queries over all hd lanes, 32 lanes (4 vectors a query) at a time.
+template <int NQ>
+SPECDEC_AVX2 void weigh_rows(const float* const* weights, const float* values, int64_t j0, int64_t j1, int64_t hd,
+                             float* const* acc) {
+  for (int64_t i = 0; i < hd; i += 32) {
+    float* at[NQ];
+    for (int r = 0; r < NQ; ++r) at[r] = acc[r] + i;
+    switch (std::min<int64_t>(32, hd - i) / 8) {
+      case 4: weigh_tile<NQ, 4>(weights, values + i, j0, j1, hd, at); break;
+      case 3: weigh_tile<NQ, 3>(weights, values + i, j0, j1, hd, at); break;
+      case 2: weigh_tile<NQ, 2>(weights, values + i, j0, j1, hd, at); break;
+      default: weigh_tile<NQ, 1>(weights, values + i, j0, j1, hd, at); break;
+    }
+  }
+}
+
+// One query row's part of attend_rows: its allowed keys' slots and their scores (when a mask hides some),
+// its dense scores, then weights, over every key of the call, and its output's sums.
+struct QueryWork {
+  std::vector<float> dense;   // a score, then an unnormalised weight, for every key of the call (0 where hidden)
+  std::vector<int64_t> slots;  // where a mask hides keys: the allowed ones among the rest, in order
+  std::vector<float> moved;    // and their weights
+  std::vector<float> acc;
+  float norm = 0.f;
 };
 
-// Up to 16 queries of one KV head against its keys [lo, end): out_r = softmax(scale q_r.k_j over the
-// keys query r may see) . v. A query's allowed keys are taken in order and numbered from 0 (slots: where
-// each sits), and that number, not the slot, decides which lane of the exponentials' sum a key joins: a
-// query then gets the same numbers whether its context sits in consecutive slots (one position, a chain)
-// or has a tree's other branches between (masked out), so a tree's accepted path scores what plain
-// decoding scores, to the bit. Every number is a function of the query, its keys and its values alone
-// (eight keys' dot products at a time, each lane of the output summed over the keys in order), so a query
-// scores the same alone or in a block; the block only shares the reads of keys and values, in chunks of
-// ~32 KB that each query of the block takes in turn.
-SPECDEC_AVX2 void attend_queries(const float* const* qs, const bool* const* allowed, float* const* outs, int nq,
-                                 const float* keys, const float* values, int64_t count, int64_t hd, float scale,
-                                 std::vector<QueryWork>& work) {
+// Up to 16 query rows against one KV head's keys [lo, end): out_r = softmax(scale q_r.k_j over the keys
+// row r may see) . v. A row's allowed keys are taken in order and numbered from 0, and that number, not
+// the slot, decides which lane of the exponentials' sum a key joins: a row then gets the same numbers
+// whether its context sits in consecutive slots (one position, a chain) or has a tree's other branches
+// between (masked out), so a tree's accepted path scores what plain decoding scores, to the bit. Every
+// number is a function of the row's query, its keys and its values alone, so a row scores the same alone
+// or in a block, and the block only shares the reads: the rows (of one position's heads that share the
+// KV head, or of many positions) take each chunk of ~32 KB of keys in pairs, four keys at a time, then
+// each chunk of values in threes; a hidden key's weight is 0, which adds nothing to a sum (x + 0 = x).
+SPECDEC_AVX2 void attend_rows(const float* const* qs, const bool* const* allowed, float* const* outs, int nq,
+                              const float* keys, const float* values, int64_t count, int64_t hd, float scale,
+                              std::vector<QueryWork>& work) {
   if (static_cast<int>(work.size()) < nq) work.resize(nq);
+  float* dense[16];
   for (int r = 0; r < nq; ++r) {
-    QueryWork& w = work[r];
-    w.scores.resize(count + 8);
-    w.n = count, w.done = 0, w.slot = nullptr;
-    if (allowed[r] != nullptr) {
-      w.slots.resize(count);
-      int64_t* slot = w.slots.data();
-      const bool* mask = allowed[r];
-      int64_t n = 0, j = 0;  // a local count (w.n would be stored every key: the slots' writes may alias it)
-      for (; j + 8 <= count; j += 8) {  // eight keys at a time where they are all visible or all hidden
-        uint64_t eight;
-        std::memcpy(&eight, mask + j, 8);
-        if (eight == 0) continue;
-        if (eight == 0x0101010101010101ull) {
-          for (int i = 0; i < 8; ++i) slot[n + i] = j + i;
-          n += 8;
-          continue;
-        }
-        for (int i = 0; i < 8; ++i) {  // a mixed run, without a branch
-          slot[n] = j + i;
-          n += mask[j + i];
-        }
+    work[r].dense.resize(count + 8);
+    dense[r] = work[r].dense.data();
+  }
+  const int64_t chunk = std::max<int64_t>(16, 8192 / hd) / 4 * 4;  // keys a chunk: 32 KB of float32
+  for (int64_t c0 = 0; c0 < count; c0 += chunk) {  // every row's score of every key, a chunk at a time
+    const int64_t c1 = std::min(count, c0 + chunk), tiles = c0 + (c1 - c0) / 4 * 4;
+    int r = 0;
+    for (; r + 2 <= nq; r += 2) {
+      for (int64_t j = c0; j < tiles; j += 4) {
+        float* out[2] = {dense[r] + j, dense[r + 1] + j};
+        score_tile<4, 2>(qs + r, keys + j * hd, hd, scale, out);
       }
-      for (; j < count; ++j) {
-        slot[n] = j;
+      for (int64_t j = tiles; j < c1; ++j)
+        for (int x = r; x < r + 2; ++x) dense[x][j] = dot(qs[x], keys + j * hd, hd) * scale;
+    }
+    if (r < nq) {  // an odd row alone, eight keys at a time
+      int64_t j = c0;
+      for (; j + 8 <= c1; j += 8) {
+        float* out[1] = {dense[r] + j};
+        score_tile<8, 1>(qs + r, keys + j * hd, hd, scale, out);
+      }
+      for (; j < c1; ++j) dense[r][j] = dot(qs[r], keys + j * hd, hd) * scale;
+    }
+  }
+  for (int r = 0; r < nq; ++r) {  // softmax's exponentials, unnormalised, over the row's allowed keys
+    QueryWork& w = work[r];
+    float* s = dense[r];
+    int64_t n = count;
+    const bool* mask = allowed[r];
+    int64_t visible = count;  // keys [0, visible) all allowed: a mask's context, before a chain's or tree's rows
+    if (mask != nullptr) {  // the allowed keys' scores moved down in order (numbered 0, 1, ...), in place
+      visible = 0;
+      for (uint64_t eight; visible + 8 <= count; visible += 8) {
+        std::memcpy(&eight, mask + visible, 8);
+        if (eight != 0x0101010101010101ull) break;
+      }
+      while (visible < count && mask[visible]) ++visible;
+      w.slots.resize(count - visible);
+      int64_t* slot = w.slots.data();
+      n = visible;
+      for (int64_t j = visible; j < count; ++j) {  // the rest's allowed keys, without a branch
+        slot[n - visible] = j;
         n += mask[j];
       }
-      w.n = n;
-      w.slot = slot;
+      for (int64_t j = visible; j < n; ++j) s[j] = s[slot[j - visible]];  // slot >= j: not yet overwritten
     }
-  }
-  const int64_t chunk = std::max<int64_t>(16, 8192 / hd);  // keys a chunk: 32 KB of float32
-  const bool wide = hd % 16 == 0 && wide_lanes();
-  const float* k8[8];
-  for (int64_t c0 = 0; c0 < count; c0 += chunk) {  // the scores, a chunk of keys at a time
-    const int64_t c1 = std::min(count, c0 + chunk);
-    for (int r = 0; r < nq; ++r) {
-      QueryWork& w = work[r];
-      int64_t j = w.done;
-      const int64_t e = w.end_before(c1);
-      for (; j + 8 <= e; j += 8) {
-        for (int i = 0; i < 8; ++i) k8[i] = keys + w.at(j + i) * hd;
-        dot8(qs[r], k8, hd, scale, w.scores.data() + j);
-      }
-      for (; j < e; ++j) w.scores[j] = dot(qs[r], keys + w.at(j) * hd, hd) * scale;
-      w.done = e;
-    }
-  }
-  for (int r = 0; r < nq; ++r) {  // softmax's exponentials, unnormalised
-    QueryWork& w = work[r];
-    float* s = w.scores.data();
-    for (int64_t j = w.n; j < w.n + 8; ++j) s[j] = -INFINITY;  // padding for the last vector
+    for (int64_t j = n; j < n + 8; ++j) s[j] = -INFINITY;  // padding for the last vector
     __m256 top8 = _mm256_set1_ps(-INFINITY);  // the largest score (exact in any order)
-    for (int64_t j = 0; j < w.n; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + j));
+    for (int64_t j = 0; j < n; j += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + j));
     float lanes[8], top = -INFINITY;
     _mm256_storeu_ps(lanes, top8);
     for (float x : lanes) top = std::max(top, x);
     const __m256 shift = _mm256_set1_ps(top);
     __m256 total = _mm256_setzero_ps();
-    for (int64_t j = 0; j < w.n; j += 8) {
+    for (int64_t j = 0; j < n; j += 8) {
       const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), shift));
       _mm256_storeu_ps(s + j, e);
       total = _mm256_add_ps(total, e);
     }
-    s[w.n] = 1.f / hsum(total);  // the norm, where the padding was
+    w.norm = 1.f / hsum(total);
+    if (visible < count) {  // the moved weights back in their keys' places, 0 for the hidden keys
+      w.moved.assign(s + visible, s + n);
+      std::fill(s + visible, s + count, 0.f);
+      for (int64_t j = visible; j < n; ++j) s[w.slots[j - visible]] = w.moved[j - visible];
+    }
     w.acc.assign(hd, 0.f);
-    w.done = 0;
   }
+  float* acc[16];
+  for (int r = 0; r < nq; ++r) acc[r] = work[r].acc.data();
+  const bool wide = hd % 16 == 0 && wide_lanes();
   for (int64_t c0 = 0; c0 < count; c0 += chunk) {  // the values' weighted sums, a chunk at a time
     const int64_t c1 = std::min(count, c0 + chunk);
-    for (int r = 0; r < nq; ++r) {
-      QueryWork& w = work[r];
-      const int64_t e = w.end_before(c1);
-      (wide ? weigh_lanes16 : weigh_lanes)(w.scores.data(), values, w.slot, w.done, e, hd, w.acc.data());
-      w.done = e;
+    if (wide) {
+      for (int r = 0; r < nq; ++r) weigh_lanes16(dense[r], values, c0, c1, hd, acc[r]);
+      continue;
     }
+    int r = 0;
+    for (; r + 3 <= nq; r += 3) weigh_rows<3>(dense + r, values, c0, c1, hd, acc + r);
+    if (nq - r == 2) weigh_rows<2>(dense + r, values, c0, c1, hd, acc + r);
+    if (nq - r == 1) weigh_lanes(dense[r], values, c0, c1, hd, acc[r]);
   }
   for (int r = 0; r < nq; ++r) {
-    const __m256 norm = _mm256_set1_ps(work[r].scores[work[r].n]);
-    for (int64_t i = 0; i < hd; i += 8)
-      _mm256_storeu_ps(outs[r] + i, _mm256_mul_ps(_mm256_loadu_ps(work[r].acc.data() + i), norm));
+    const __m256 norm = _mm256_set1_ps(work[r].norm);
+    for (int64_t i = 0; i < hd; i += 8) _mm256_storeu_ps(outs[r] + i, _mm256_mul_ps(_mm256_loadu_ps(acc[r] + i), norm));
   }
 }
 
@@ -385,17 +432,35 @@ AttendJob attend_job(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::T
                    visible.numel() ? mask.data_ptr<bool>() : nullptr, n_heads, n_kv, T, hd, lo, count, capacity};
 }
 
-// Every (job, head, block of up to 16 queries) of the jobs as one parallel loop: sequences attended
-// together share the threads even when each has a single query (a step of several sequences decoding one
-// token each).
+
+// The query rows of one KV head (each position's heads that share it) as blocks of up to 16, each block a
+// unit of attend_all's parallel loop; blocks smaller where the units would otherwise be fewer than the
+// threads (one position of a model with few KV heads).
 constexpr int64_t kQueryBlock = 16;
 
+struct RowBlocks {
+  int64_t per_group, size, count;  // rows a KV head, rows a block, blocks a KV head
+};
+
+RowBlocks row_blocks(const AttendJob& job, int64_t groups_in_all, int64_t threads) {
+  const int64_t rows = job.T * (job.n_heads / job.n_kv);
+  const int64_t wanted = std::min(rows, (threads + groups_in_all - 1) / groups_in_all);  // blocks a KV head
+  const int64_t count = std::max((rows + kQueryBlock - 1) / kQueryBlock, wanted);
+  const int64_t size = (rows + count - 1) / count;
+  return RowBlocks{rows, size, (rows + size - 1) / size};
+}
+
+// Every (job, KV head, block of query rows) of the jobs as one parallel loop: sequences attended together
+// share the threads even when each has a single query (a step of several sequences decoding one token
+// each).
 void attend_all(std::vector<AttendJob>& jobs, double scale) {
-  std::vector<int64_t> first{0};  // the jobs' units (head, query block) numbered in turn
-  int64_t keys = 0;
+  int64_t groups = 0, keys = 0;
+  for (const AttendJob& job : jobs) groups += job.n_kv, keys += job.n_heads * job.T * job.count;
+  std::vector<RowBlocks> blocks;
+  std::vector<int64_t> first{0};  // the jobs' units (KV head, block) numbered in turn
   for (const AttendJob& job : jobs) {
-    first.push_back(first.back() + job.n_heads * ((job.T + kQueryBlock - 1) / kQueryBlock));
-    keys += job.n_heads * job.T * job.count;
+    blocks.push_back(row_blocks(job, groups, at::get_num_threads()));
+    first.push_back(first.back() + job.n_kv * blocks.back().count);
   }
   const int64_t units = first.back();
   const int64_t grain = std::max<int64_t>(1, 1024 * units / std::max<int64_t>(1, keys));  // ~1024 keys a chunk
@@ -408,18 +473,19 @@ void attend_all(std::vector<AttendJob>& jobs, double scale) {
     for (int64_t u = u0; u < u1; ++u) {
       while (u >= first[j + 1]) ++j;
       const AttendJob& job = jobs[j];
-      const int64_t blocks = (job.T + kQueryBlock - 1) / kQueryBlock, local = u - first[j];
-      const int64_t h = local / blocks, t0 = (local % blocks) * kQueryBlock, g = h / (job.n_heads / job.n_kv);
-      const int nq = static_cast<int>(std::min(kQueryBlock, job.T - t0));
+      const RowBlocks& b = blocks[j];
+      const int64_t local = u - first[j], g = local / b.count, row0 = (local % b.count) * b.size;
+      const int64_t per_group = job.n_heads / job.n_kv;
+      const int nq = static_cast<int>(std::min(b.size, b.per_group - row0));
       const float* qp = job.q.data_ptr<float>();
-      for (int r = 0; r < nq; ++r) {
-        const int64_t t = t0 + r;
+      for (int r = 0; r < nq; ++r) {  // row = position t, then head h of the group
+        const int64_t row = row0 + r, t = row / per_group, h = g * per_group + row % per_group;
         qs[r] = qp + h * job.q.stride(1) + t * job.q.stride(2);
         allowed[r] = job.mp ? job.mp + t * job.count : nullptr;
         outs[r] = job.out.data_ptr<float>() + (t * job.n_heads + h) * job.hd;
       }
-      attend_queries(qs, allowed, outs, nq, job.kc + (g * job.capacity + job.lo) * job.hd,
-                     job.vc + (g * job.capacity + job.lo) * job.hd, job.count, job.hd, static_cast<float>(scale), work);
+      attend_rows(qs, allowed, outs, nq, job.kc + (g * job.capacity + job.lo) * job.hd,
+                  job.vc + (g * job.capacity + job.lo) * job.hd, job.count, job.hd, static_cast<float>(scale), work);
     }
   });
 }
