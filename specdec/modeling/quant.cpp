@@ -1273,8 +1273,7 @@ torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& w, int6
   TORCH_CHECK(K % f.G == 0 && w.size(1) == K / f.G * group_bytes(f), "w is not pack_int8's layout for ", K, " inputs");
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.size(-1) == K, "x: float32 with ", K, " features");
   TORCH_CHECK(!prompt || (K % 32 == 0 && amx_bf16()), "prompt rows on the tiles need AMX-BF16 and K a multiple of 32");
-  auto shape = x.sizes().vec();
-  torch::Tensor x2 = x.reshape({-1, K}).contiguous();
+  torch::Tensor x2 = as_rows(x, K);
   const int64_t M = x2.size(0), N = w.size(0) * PACKED_COLS;
   torch::Tensor out = torch::empty({M, N}, x.options());
   const float* xp = x2.data_ptr<float>();
@@ -1287,8 +1286,7 @@ torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& w, int6
         packed_matmul<k()>(xp, wp, op, M, K, N);
       }
     });
-  shape.back() = N;
-  return out.view(shape);
+  return shaped_as(out, x, N);
 }
 
 // Whether prompt rows take the bfloat16 tiles (where the CPU has AMX-BF16; set_prompt_tiles turns them
@@ -1314,16 +1312,14 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t in_
   TORCH_CHECK(w.size(1) == K / per_block * block_bytes(kind), "w's rows hold ", w.size(1), " bytes, expected ",
               K / per_block * block_bytes(kind));
   TORCH_CHECK(x.size(-1) == K, "x has ", x.size(-1), " features, w takes ", K);
-  auto shape = x.sizes().vec();
-  torch::Tensor x2 = x.reshape({-1, K}).contiguous();
+  torch::Tensor x2 = as_rows(x, K);
   const int64_t M = x2.size(0), N = w.size(0);
   torch::Tensor out = torch::empty({M, N}, x.options());
   const float* xp = x2.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   float* op = out.data_ptr<float>();
   by_kind(kind, [&](auto k) { matmul<k()>(xp, wp, op, M, K, N, int8); });
-  shape.back() = N;
-  return out.view(shape);
+  return shaped_as(out, x, N);
 }
 
 // Which rows of a pass are prompt rows (their sequences' chunks want no logits): rows are each
@@ -1364,6 +1360,18 @@ torch::Tensor project(const torch::Tensor& x, const std::vector<torch::Tensor>& 
   return out;
 }
 
+// h + x into x, a layer's own fresh output (the same float additions as ATen's h + x, without its dispatch).
+SPECDEC_AVX2 torch::Tensor add_residual(torch::Tensor x, const torch::Tensor& h) {
+  if (!x.is_contiguous() || !h.is_contiguous() || x.sizes() != h.sizes()) return h + x;
+  float* xp = x.data_ptr<float>();
+  const float* hp = h.data_ptr<float>();
+  const int64_t n = x.numel();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(xp + i, _mm256_add_ps(_mm256_loadu_ps(hp + i), _mm256_loadu_ps(xp + i)));
+  for (; i < n; ++i) xp[i] = hp[i] + xp[i];
+  return x;
+}
+
 // One decoder layer of one or more sequences on GGUF blocks, in one call: what the lean backend's
 // layer_aten does with rowops.cpp and these kernels (RMSNorm, fused QKV, Gemma's q/k norms + RoPE,
 // attention over each sequence's cache, output projection, Gemma's norm, residual, RMSNorm, fused
@@ -1393,26 +1401,22 @@ torch::Tensor layer_steps(torch::Tensor h, const std::vector<std::vector<torch::
   torch::Tensor qkv = project(rms_norm(h, norms[0], eps), blocks[0], kinds[0], d, int8, prompt_rows).contiguous();
   qk_rope_(qkv, cos, sin, n_heads, n_kv, hd, norms[2], norms[3], eps);
   std::vector<AttendJob> jobs;  // each sequence over its own cache, all in one parallel loop
-  int64_t first = 0;
-  for (size_t s = 0; s < n; ++s) {
-    torch::Tensor heads = qkv.narrow(0, first, rows[s]).view({1, rows[s], hq + 2 * hkv});
-    torch::Tensor q = heads.narrow(-1, 0, hq).view({1, rows[s], n_heads, hd}).transpose(1, 2);
-    torch::Tensor k = heads.narrow(-1, hq, hkv).view({1, rows[s], n_kv, hd}).transpose(1, 2);
-    torch::Tensor v = heads.narrow(-1, hq + hkv, hkv).view({1, rows[s], n_kv, hd}).transpose(1, 2);
-    jobs.push_back(attend_job(q, k, v, k_caches[s], v_caches[s], starts[s], los[s], visibles[s]));
-    first += rows[s];
-  }
+  const int64_t width = hq + 2 * hkv;
+  const float* row = qkv.data_ptr<float>();  // the sequence's first row
+  for (size_t s = 0; s < n; ++s, row += rows[s - 1] * width)
+    jobs.push_back(attend_job(Heads{row, hd, width}, Heads{row + hq, hd, width}, Heads{row + hq + hkv, hd, width},
+                              n_heads, n_kv, rows[s], hd, k_caches[s], v_caches[s], starts[s], los[s], visibles[s]));
   attend_all(jobs, scale);
   std::vector<torch::Tensor> attended;
   for (size_t s = 0; s < n; ++s) attended.push_back(jobs[s].out.reshape({rows[s], hq}));
   torch::Tensor attn = n == 1 ? attended[0] : torch::cat(attended, 0);
   torch::Tensor o = project(attn, blocks[1], kinds[1], hq, int8, prompt_rows);
   if (gemma) o = rms_norm(o, norms[4], eps);
-  h = h + o;
+  h = add_residual(o, h);
   torch::Tensor gu = project(rms_norm(h, norms[1], eps), blocks[2], kinds[2], d, int8, prompt_rows);
   torch::Tensor m = project(act_mul(gu, gemma), blocks[3], kinds[3], gu.size(-1) / 2, int8, prompt_rows);
   if (gemma) m = rms_norm(m, norms[5], eps);
-  return h + m;
+  return add_residual(m, h);
 }
 
 // Every layer's weights, held once (LayerStack) so that a pass through the whole stack is one call
