@@ -3,7 +3,9 @@ by side, interleaved: median ms, and new/old per n. Each source needs rowops.h a
 
     mkdir -p /tmp/kv/old && cp specdec/modeling/*.h /tmp/kv/old/
     git show 94c9b3a~1:specdec/modeling/quant.cpp > /tmp/kv/old/quant.cpp
-    .venv/bin/python docs/results/zen2-epyc/ab_step.py /tmp/kv/old/quant.cpp specdec/modeling/quant.cpp
+    .venv/bin/python docs/results/zen2-epyc/ab_step.py /tmp/kv/old/quant.cpp specdec/modeling/quant.cpp [CONTEXT]
+
+CONTEXT: the tokens already in the cache before each pass (200 by default).
 """
 
 import statistics
@@ -29,7 +31,8 @@ def main() -> None:
     for name, path in (("old", sys.argv[1]), ("new", sys.argv[2])):
         quant._extension = Extension(Path(path), "AVX2, FMA and F16C", "SPECDEC_QUANT", "")  # the module a backend keeps
         backends[name] = LeanBackend(loaded.model, gguf=loaded.gguf, int8_activations=True)
-    ids = torch.tensor(loaded.tokenizer("The quick brown fox jumps over the lazy dog. " * 40)["input_ids"])[:200]
+    context = int(sys.argv[3]) if len(sys.argv) > 3 else 200
+    ids = torch.tensor(loaded.tokenizer("The quick brown fox jumps over the lazy dog. " * 200)["input_ids"])[:context]
     times: dict[tuple[str, int], list[float]] = {}
     for n in ROWS:  # warm-up
         for backend in backends.values():
