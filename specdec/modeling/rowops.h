@@ -387,7 +387,9 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor weight, double eps) {
   const float* xp = flat.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
   float* yp = out.data_ptr<float>();
-  for (int64_t r = 0; r < flat.size(0); ++r) norm_row(xp + r * n, wp, yp + r * n, n, static_cast<float>(eps));
+  at::parallel_for(0, flat.size(0), 64, [&](int64_t r0, int64_t r1) {  // rows apart: a prompt's many
+    for (int64_t r = r0; r < r1; ++r) norm_row(xp + r * n, wp, yp + r * n, n, static_cast<float>(eps));
+  });
   return shaped_as(out, x, n);
 }
 
@@ -404,14 +406,20 @@ void qk_rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t n
   const bool norms = q_norm.numel() > 0;
   torch::Tensor qn = norms ? q_norm.contiguous() : q_norm, kn = norms ? k_norm.contiguous() : k_norm;
   float* base = qkv.data_ptr<float>();
-  for (int64_t t = 0; t < T; ++t) {
-    float* row = base + t * width;
-    for (int64_t h = 0; h < n_heads + n_kv; ++h) {
-      float* head = row + h * hd;
-      if (norms) norm_row(head, (h < n_heads ? qn : kn).data_ptr<float>(), head, hd, static_cast<float>(eps));
-      rope_head(head, c.data_ptr<float>() + t * hd, s.data_ptr<float>() + t * hd, hd);
+  const float* cp = c.data_ptr<float>();
+  const float* sp = s.data_ptr<float>();
+  const float* qw = norms ? qn.data_ptr<float>() : nullptr;
+  const float* kw = norms ? kn.data_ptr<float>() : nullptr;
+  at::parallel_for(0, T, 64, [&](int64_t t0, int64_t t1) {  // rows apart: a prompt's many
+    for (int64_t t = t0; t < t1; ++t) {
+      float* row = base + t * width;
+      for (int64_t h = 0; h < n_heads + n_kv; ++h) {
+        float* head = row + h * hd;
+        if (norms) norm_row(head, h < n_heads ? qw : kw, head, hd, static_cast<float>(eps));
+        rope_head(head, cp + t * hd, sp + t * hd, hd);
+      }
     }
-  }
+  });
 }
 
 // One sequence's part of an attention call: its new keys and values written into its cache, and the
@@ -556,8 +564,11 @@ torch::Tensor act_mul(torch::Tensor gu, bool gelu) {
   TORCH_CHECK(width % 16 == 0, "rows must hold [gate | up], each a multiple of 8 wide");
   torch::Tensor flat = as_rows(gu, width);
   torch::Tensor out = torch::empty({flat.size(0), n}, gu.options());
-  for (int64_t r = 0; r < flat.size(0); ++r)
-    act_mul_row(flat.data_ptr<float>() + r * width, out.data_ptr<float>() + r * n, n, gelu);
+  const float* in = flat.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, flat.size(0), 8, [&](int64_t r0, int64_t r1) {  // rows apart where there are many
+    for (int64_t r = r0; r < r1; ++r) act_mul_row(in + r * width, op + r * n, n, gelu);
+  });
   return shaped_as(out, gu, n);
 }
 
