@@ -422,8 +422,6 @@ void qk_rope_(torch::Tensor qkv, torch::Tensor cos, torch::Tensor sin, int64_t n
   });
 }
 
-// One sequence's part of an attention call: its new keys and values written into its cache, and the
-// queries' output (1, T, Hq, hd) that attend_all fills.
 // T positions' heads: head h of position t at `at + h * head + t * pos` (a fused QKV block's rows, or a
 // (1, heads, T, hd) tensor with contiguous rows).
 struct Heads {
@@ -432,6 +430,8 @@ struct Heads {
   const float* of(int64_t h, int64_t t) const { return at + h * head + t * pos; }
 };
 
+// One sequence's part of an attention call: its new keys and values written into its cache, and the
+// queries' output (1, T, Hq, hd) that attend_all fills.
 struct AttendJob {
   Heads q;
   torch::Tensor mask, out;
@@ -471,7 +471,6 @@ AttendJob attend_job(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::T
   return attend_job(heads(q), heads(k), heads(v), q.size(1), k.size(1), q.size(2), q.size(3), k_cache, v_cache, start,
                     lo, visible);
 }
-
 
 // The query rows of one KV head (each position's heads that share it) as blocks of up to 16, each block a
 // unit of attend_all's parallel loop; blocks smaller where the units would otherwise be fewer than the
