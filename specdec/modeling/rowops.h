@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #ifndef SPECDEC_AVX2
@@ -111,6 +112,15 @@ SPECDEC_AVX2 inline __m256 hsum8(const __m256 v[8]) {
   return _mm256_permutevar8x32_ps(z, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
+// f(std::integral_constant<int, n>{}) for a run-time n in 1..MAX: a kernel templated on its number of
+// vectors, chosen once a call.
+template <int MAX, class F>
+inline void with_vectors(int64_t n, F&& f) {
+  [&]<int... N>(std::integer_sequence<int, N...>) {
+    ((n == N + 1 ? f(std::integral_constant<int, N + 1>{}) : void()), ...);
+  }(std::make_integer_sequence<int, MAX>{});
+}
+
 // acc[0, 8 NV) += sum_j weights[j] values[j][0, 8 NV) for j in [j0, j1), each lane summed over j
 // in order (continuing the sums a previous call left in acc).
 template <int NV>
@@ -128,18 +138,10 @@ SPECDEC_AVX2 inline void weigh_values(const float* weights, const float* values,
 
 SPECDEC_AVX2 void weigh_lanes(const float* weights, const float* values, int64_t j0, int64_t j1,
                               int64_t hd, float* acc) {
-  for (int64_t i = 0; i < hd; i += 64) {  // 64 lanes (8 accumulators) at a time
-    switch (std::min<int64_t>(64, hd - i) / 8) {
-      case 8: weigh_values<8>(weights, values + i, j0, j1, hd, acc + i); break;
-      case 7: weigh_values<7>(weights, values + i, j0, j1, hd, acc + i); break;
-      case 6: weigh_values<6>(weights, values + i, j0, j1, hd, acc + i); break;
-      case 5: weigh_values<5>(weights, values + i, j0, j1, hd, acc + i); break;
-      case 4: weigh_values<4>(weights, values + i, j0, j1, hd, acc + i); break;
-      case 3: weigh_values<3>(weights, values + i, j0, j1, hd, acc + i); break;
-      case 2: weigh_values<2>(weights, values + i, j0, j1, hd, acc + i); break;
-      default: weigh_values<1>(weights, values + i, j0, j1, hd, acc + i); break;
-    }
-  }
+  for (int64_t i = 0; i < hd; i += 64)  // 64 lanes (8 accumulators) at a time
+    with_vectors<8>(std::min<int64_t>(64, hd - i) / 8, [&](auto nv) {
+      weigh_values<decltype(nv)::value>(weights, values + i, j0, j1, hd, acc + i);
+    });
 }
 
 #ifndef SPECDEC_AVX512F
@@ -164,18 +166,10 @@ SPECDEC_AVX512F inline void weigh_values16(const float* weights, const float* va
 // weigh_lanes for hd a multiple of 16, on AVX-512.
 SPECDEC_AVX512F void weigh_lanes16(const float* weights, const float* values, int64_t j0,
                                    int64_t j1, int64_t hd, float* acc) {
-  for (int64_t i = 0; i < hd; i += 128) {  // 128 lanes (8 accumulators) at a time
-    switch (std::min<int64_t>(128, hd - i) / 16) {
-      case 8: weigh_values16<8>(weights, values + i, j0, j1, hd, acc + i); break;
-      case 7: weigh_values16<7>(weights, values + i, j0, j1, hd, acc + i); break;
-      case 6: weigh_values16<6>(weights, values + i, j0, j1, hd, acc + i); break;
-      case 5: weigh_values16<5>(weights, values + i, j0, j1, hd, acc + i); break;
-      case 4: weigh_values16<4>(weights, values + i, j0, j1, hd, acc + i); break;
-      case 3: weigh_values16<3>(weights, values + i, j0, j1, hd, acc + i); break;
-      case 2: weigh_values16<2>(weights, values + i, j0, j1, hd, acc + i); break;
-      default: weigh_values16<1>(weights, values + i, j0, j1, hd, acc + i); break;
-    }
-  }
+  for (int64_t i = 0; i < hd; i += 128)  // 128 lanes (8 accumulators) at a time
+    with_vectors<8>(std::min<int64_t>(128, hd - i) / 16, [&](auto nz) {
+      weigh_values16<decltype(nz)::value>(weights, values + i, j0, j1, hd, acc + i);
+    });
 }
 
 // Whether attend_rows weighs the values on 16-lane registers: where the CPU has AVX-512, unless a test
@@ -240,12 +234,9 @@ SPECDEC_AVX2 void weigh_rows(const float* const* weights, const float* values, i
   for (int64_t i = 0; i < hd; i += 32) {
     float* at[NQ];
     for (int r = 0; r < NQ; ++r) at[r] = acc[r] + i;
-    switch (std::min<int64_t>(32, hd - i) / 8) {
-      case 4: weigh_tile<NQ, 4>(weights, values + i, j0, j1, hd, at); break;
-      case 3: weigh_tile<NQ, 3>(weights, values + i, j0, j1, hd, at); break;
-      case 2: weigh_tile<NQ, 2>(weights, values + i, j0, j1, hd, at); break;
-      default: weigh_tile<NQ, 1>(weights, values + i, j0, j1, hd, at); break;
-    }
+    with_vectors<4>(std::min<int64_t>(32, hd - i) / 8, [&](auto nv) {
+      weigh_tile<NQ, decltype(nv)::value>(weights, values + i, j0, j1, hd, at);
+    });
   }
 }
 
