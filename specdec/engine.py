@@ -21,7 +21,7 @@ module's, so a batched generation verifies exactly as a lone one.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -34,7 +34,7 @@ from .gamma import GammaPolicy, RoundHistory
 from .metrics import GenerationStats
 from .modeling.tree import ancestor_mask, depths
 from .rejection import TreeVerdict, Verdict, verify, verify_greedy, verify_tree, verify_tree_greedy
-from .sampling import adjust, coupled_draw, new_generator, probs, row_counts
+from .sampling import adjust, argmax_rows, coupled_draw, new_generator, probs, row_counts
 
 
 @dataclass
@@ -212,13 +212,14 @@ class SpeculativeEngine:
                      ) -> Generator[Pass, None, RoundOutcome]:
         """Score context[length - 1] and the k drafts in one pass, verify, keep the accepted prefix."""
         draft = proposal.tokens  # (k,)
-        scored = Pass(target, Step(torch.cat([context[length - 1 : length], draft])))
+        last = context[length - 1 : length]  # a view: the round writes the context only after `length`
+        scored = Pass(target, Step(torch.cat([last, draft]) if draft.numel() else last))
         yield scored
         resumed, raw = time.perf_counter(), scored.logits  # (k+1, V)
         k = draft.numel()
-        logits = self._adjusted(raw, sampling, output_counts, draft, torch.ones(k + 1, k, dtype=torch.bool).tril(-1))
+        logits = self._adjusted(raw, sampling, output_counts, draft, lambda: torch.ones(k + 1, k, dtype=torch.bool).tril(-1))
         if sampling.greedy:
-            verdict = verify_greedy(logits.argmax(dim=-1), draft)
+            verdict = verify_greedy(argmax_rows(logits), draft)
         elif sampling.drafter_invariant:  # the target's own draws at these positions decide
             verdict = verify_greedy(self._coupled_draws(probs(logits, sampling), draft, sampling, length), draft)
         else:
@@ -236,9 +237,9 @@ class SpeculativeEngine:
         scored = Pass(target, Step(torch.cat([context[length - 1 : length], tokens]), parents))
         yield scored
         resumed, raw = time.perf_counter(), scored.logits  # (n+1, V)
-        logits = self._adjusted(raw, sampling, output_counts, tokens, ancestor_mask(parents)[:, 1:])
+        logits = self._adjusted(raw, sampling, output_counts, tokens, lambda: ancestor_mask(parents)[:, 1:])
         if sampling.greedy:
-            argmax = logits.argmax(dim=-1)
+            argmax = argmax_rows(logits)
             verdict = verify_tree_greedy(lambda row: int(argmax[row]), tokens, parents)
         elif sampling.drafter_invariant:  # the target's own draw at each visited row's position decides
             p = probs(logits, sampling)
@@ -255,10 +256,11 @@ class SpeculativeEngine:
 
     @staticmethod
     def _adjusted(logits: torch.Tensor, sampling: SamplingParams, output_counts: torch.Tensor | None,
-                  drafts: torch.Tensor, sees: torch.Tensor) -> torch.Tensor:
+                  drafts: torch.Tensor, sees: Callable[[], torch.Tensor]) -> torch.Tensor:
         """The scored rows' logits with the request's bias and penalties, each row counting the
-        output so far and the drafts on its own path (`sees`, see sampling.row_counts)."""
-        counts = row_counts(output_counts, drafts, sees) if output_counts is not None else None
+        output so far and the drafts on its own path (`sees()`, built only for penalties: see
+        sampling.row_counts)."""
+        counts = row_counts(output_counts, drafts, sees()) if output_counts is not None else None
         return adjust(logits, sampling, counts)
 
     def emitted(self, accepted: torch.Tensor, token: int, spec: SpecConfig) -> tuple[list[int], bool]:

@@ -40,6 +40,8 @@ row (Sequoia and EAGLE-2 fit the tree to the hardware the same way).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from . import theory
 from .config import SpecConfig
 
@@ -110,6 +112,10 @@ def _sums_scaled(sums: list[float], limit: float) -> list[float]:
     mean and the same line through them, with less weight."""
     factor = min(1.0, limit / sums[0]) if sums[0] > 0 else 1.0
     return [x * factor for x in sums]
+
+
+def _one_step(gamma: int) -> float:
+    return 1.0  # scoring costs one step until measured (the paper's assumption)
 
 
 _NONE = object()  # GammaPolicy.drafted_last when the last round did not draft (None is a route)
@@ -196,7 +202,7 @@ class GammaPolicy:
         if not self.fresh_one[0] and self.fresh_multi[0] >= self.CALIBRATE_AT:
             return 0  # one plain step a generation keeps the cost of one position measured here and now
         top = min(self.gamma_max, limit)
-        gamma = theory.optimal_gamma_by_depth(self.alphas(max(1, top)), self.c, top, self.verify_cost)
+        gamma = theory.optimal_gamma_by_depth(self.alphas(max(1, top)), self.c, top, self.verify_costs())
         if gamma == 0 and limit > 0:
             if self.probe_left:  # the probe's second round: c is timed on it (drafted_last)
                 self.probe_left -= 1
@@ -266,17 +272,26 @@ class GammaPolicy:
         one-position round. A pass of two or more rows is its own regime (a matrix product instead
         of matrix-vector ones on most CPU paths), hence the line leaves one position out. Until
         both are measured, scoring is assumed to cost one step, as the paper assumes."""
+        return self.verify_costs()(gamma)
+
+    def verify_costs(self) -> Callable[[int], float]:
+        """verify_cost with the line fitted once, for the many gammas one decision weighs."""
         step = self.step_seconds()
         n, sx, sy, sxx, sxy = self.multi_sums
-        if gamma == 0 or step is None or not n:
-            return 1.0
+        if step is None or not n:
+            return _one_step
         spread = n * sxx - sx * sx
         if n >= 3 and spread > 0:
             slope = (n * sxy - sx * sy) / spread
-            seconds = (sy - slope * sx) / n + slope * (gamma + 1)
+            intercept = (sy - slope * sx) / n
         else:
-            seconds = sy / n
-        return max(1.0, seconds / step)
+            slope, intercept = 0.0, sy / n
+
+        def cost(gamma: int) -> float:
+            if gamma == 0:
+                return 1.0
+            return max(1.0, (intercept + slope * (gamma + 1)) / step)
+        return cost
 
     def step_seconds(self) -> float | None:
         """The mean time of a round that scored one position; None until one has."""
@@ -299,9 +314,10 @@ class GammaPolicy:
         step = self.step_seconds()
         draft = draft_seconds / step if step else self.c * len(expected)
         best, best_rate, tokens = 1, 0.0, 1.0
+        verify_cost = self.verify_costs()
         for n, value in enumerate(sorted(expected, reverse=True), start=1):
             tokens += value
-            rate = tokens / (draft + self.verify_cost(n))
+            rate = tokens / (draft + verify_cost(n))
             if rate > best_rate:
                 best, best_rate = n, rate
         return best

@@ -90,6 +90,8 @@ def verify(p: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor, generat
     p: (k+1, V) target probabilities; q: (k, V) draft probabilities, or None for a point-mass
     drafter; draft: (k,) token ids. Uses k uniforms and one categorical draw from `generator`."""
     k = draft.shape[0]
+    if k == 0:  # nothing to test (plain decoding's rounds): the same draw, without the empty tensor ops
+        return Verdict(accepted=0, token=sample(p[0], generator), beta=p.new_zeros(0))
     if q is None:
         q = point_mass(draft, p.shape[-1])
     n, dist = accept_prefix(p, q, draft, torch.rand(k, generator=generator))
@@ -101,10 +103,9 @@ def verify(p: torch.Tensor, q: torch.Tensor | None, draft: torch.Tensor, generat
 def verify_greedy(target_argmax: torch.Tensor, draft: torch.Tensor) -> Verdict:
     """Temperature 0: accept while draft[i] equals the target's argmax at i, then emit the target's
     argmax at the first mismatch (or the bonus position). target_argmax: (k+1,); draft: (k,)."""
-    k = draft.shape[0]
-    mismatch = (target_argmax[:k] != draft).nonzero()
-    n = int(mismatch[0]) if mismatch.numel() else k
-    return Verdict(accepted=n, token=int(target_argmax[n]))
+    target, drafts = target_argmax.tolist(), draft.tolist()  # a few ids: lists beat tensor ops here
+    n = next((i for i, (t, d) in enumerate(zip(target, drafts)) if t != d), len(drafts))
+    return Verdict(accepted=n, token=target[n])
 
 
 # -- token trees ---------------------------------------------------------------------------------

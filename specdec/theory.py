@@ -42,10 +42,18 @@ def expected_tokens_by_depth(alphas: list[float], gamma: int) -> float:
 
 def optimal_gamma_by_depth(alphas: list[float], c: float, gamma_max: int = 16, verify_cost=lambda gamma: 1.0) -> int:
     """optimal_gamma with an acceptance per depth (expected_tokens_by_depth): a drafter whose later
-    guesses are accepted less often than its first is given a shorter gamma than its mean suggests."""
-    def rate(g: int) -> float:
-        return expected_tokens_by_depth(alphas, g) / (g * c + verify_cost(g))
-    return max(range(gamma_max + 1), key=lambda g: (rate(g), -g))
+    guesses are accepted less often than its first is given a shorter gamma than its mean suggests.
+    One pass over gamma (the expected tokens grow by one product a depth; the policy asks every round)."""
+    best, best_rate = 0, -1.0
+    total, reach = 1.0, 1.0  # expected_tokens_by_depth(alphas, g), term by term
+    for g in range(gamma_max + 1):
+        if g:
+            reach *= alphas[min(g - 1, len(alphas) - 1)]
+            total += reach
+        rate = total / (g * c + verify_cost(g))
+        if rate > best_rate:  # ties keep the shorter gamma
+            best, best_rate = g, rate
+    return best
 
 
 def arithmetic_factor(alpha: float, gamma: int, c_hat: float) -> float:

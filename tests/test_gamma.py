@@ -70,6 +70,14 @@ def test_auto_sees_the_step_from_one_position_to_several():
         policy.observe(gamma, accepted_count(gamma, 0.45, rng), draft_seconds=0.003 * gamma, target_seconds=seconds)
     assert policy.verify_cost(4) > 1.6
     assert chosen[30:].count(0) >= 0.8 * 50, chosen
+    # the line fitted once per decision gives each gamma the cost the fit through the sums gives it
+    step = policy.step_seconds()
+    n, sx, sy, sxx, sxy = policy.multi_sums
+    slope = (n * sxy - sx * sy) / (n * sxx - sx * sx)
+    line = policy.verify_costs()
+    assert line(0) == 1.0
+    for gamma in range(1, 17):
+        assert line(gamma) == max(1.0, ((sy - slope * sx) / n + slope * (gamma + 1)) / step)
 
 
 def test_probes_back_off_while_speculation_keeps_losing():

@@ -9,7 +9,7 @@ import torch
 import specdec.rejection
 from specdec.config import SamplingParams
 from specdec.rejection import accept_prefix, acceptance_probability, point_mass, residual, verify, verify_greedy
-from specdec.sampling import probs
+from specdec.sampling import probs, sample
 
 V = 12
 
@@ -113,6 +113,18 @@ def test_verify_with_no_draft_samples_from_p():
     p[0, 9] = 1.0
     verdict = verify(p, None, torch.zeros(0, dtype=torch.long), torch.Generator().manual_seed(0))
     assert (verdict.accepted, verdict.token) == (0, 9)
+
+
+def test_verify_with_no_draft_draws_as_the_general_rule_does():
+    """Plain decoding's rounds skip the empty tests, but draw the same token with the same generator."""
+    p = probs(torch.randn(1, V), SamplingParams(temperature=1.0))
+    fast, general = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    for _ in range(20):
+        verdict = verify(p, None, torch.zeros(0, dtype=torch.long), fast)
+        n, dist = accept_prefix(p, point_mass(torch.zeros(0, dtype=torch.long), V), torch.zeros(0, dtype=torch.long),
+                                torch.rand(0, generator=general))
+        assert (verdict.accepted, verdict.token) == (n, sample(dist, general))
+        assert verdict.beta.shape == (0,)
 
 
 def test_verify_greedy():

@@ -6,7 +6,7 @@ import torch
 from specdec.config import SamplingParams, SpecConfig
 from specdec.errors import SpecdecError
 from specdec.exactness import goodness_of_fit
-from specdec.sampling import probs, sample, samples
+from specdec.sampling import argmax_rows, probs, sample, samples
 
 
 def test_samples_follow_the_distribution_and_never_draw_probability_zero():
@@ -20,6 +20,21 @@ def test_samples_follow_the_distribution_and_never_draw_probability_zero():
     assert goodness_of_fit("draws", counts, dict(enumerate(law.tolist()))).p_value > 1e-4
     wrong = [0.0, 0.25, 0.0, 0.15, 0.45, 0.15, 0.0]
     assert goodness_of_fit("negative control", counts, dict(enumerate(wrong))).p_value < 1e-6
+
+
+def test_argmax_rows_is_torch_argmax():
+    """First index of the largest value, a NaN counting as the largest, strided rows, inference tensors."""
+    x = torch.randn(6, 4099)
+    x[1, 7] = x[1, 9] = float("nan")
+    x[2] = 3.0  # all equal: the first
+    x[3, 100] = x[3, 200] = float("inf")
+    assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
+    assert torch.equal(argmax_rows(x[:, ::3]), x[:, ::3].argmax(dim=-1))
+    with torch.inference_mode():
+        y = torch.randn(3, 50)
+    assert torch.equal(argmax_rows(y), y.argmax(dim=-1)) and argmax_rows(y).dtype == torch.long
+    z = torch.randn(2, 50, dtype=torch.bfloat16)  # not a float NumPy takes: torch's own
+    assert torch.equal(argmax_rows(z), z.argmax(dim=-1))
 
 
 def test_temperature_scales_logits():

@@ -31,6 +31,24 @@ def test_optimal_gamma():
     assert all(theory.walltime_improvement(0.8, g, 0.05) >= theory.walltime_improvement(0.8, k, 0.05) for k in range(17))
 
 
+def test_optimal_gamma_by_depth_is_the_best_rate_shortest_first():
+    """The one-pass search picks what maximising (rate, -gamma) over every gamma picks."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(300):
+        alphas = [rng.random() for _ in range(rng.randint(1, 8))]
+        c, top = rng.choice([0.0, 0.02, 0.2, rng.random()]), rng.randint(0, 16)
+        slope = rng.choice([0.0, 0.05, 0.3])
+        cost = (lambda g, slope=slope: 1.0 if g == 0 else 1.0 + slope * g)
+
+        def rate(g, alphas=alphas, c=c, cost=cost):
+            return theory.expected_tokens_by_depth(alphas, g) / (g * c + cost(g))
+        expected = max(range(top + 1), key=lambda g: (rate(g), -g))
+        assert theory.optimal_gamma_by_depth(alphas, c, top, cost) == expected
+    assert theory.optimal_gamma_by_depth([0.5], 0.5, 4) == 0  # all rates 1 or less: ties keep gamma 0
+
+
 def test_corollary_3_9_gamma_1_bound():
     for alpha, c in [(0.5, 0.1), (0.8, 0.3), (0.3, 0.2)]:
         assert theory.walltime_improvement(alpha, 1, c) >= (1 + alpha) / (1 + c) - 1e-12

@@ -322,7 +322,7 @@ class Decoder:
         if self.on_kernels(h):
             return self._run_kernels(h, segments, attn_input, taps)
         single = len(segments) == 1 and segments[0].tree is None
-        positions = torch.cat([s.positions() for s in segments])
+        positions = None if single else torch.cat([s.positions() for s in segments])  # a chain's: its RoPE span
         masks: dict = {}
         x = h[None]
         # prompt chunks too: their attention then runs per query as a decoding step's does, so a prompt's
@@ -345,7 +345,7 @@ class Decoder:
             s.cache.length = s.end
         return x[0]
 
-    def _run_stack(self, h: torch.Tensor, segments: list[Segment], positions: torch.Tensor, single: bool, masks: dict,
+    def _run_stack(self, h: torch.Tensor, segments: list[Segment], positions: torch.Tensor | None, single: bool, masks: dict,
                    taps: Taps | None) -> torch.Tensor:
         """Every layer in one quant.cpp call (LayerSteps): the same numbers as layer_aten, to the bit."""
         tables = []
