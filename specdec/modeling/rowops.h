@@ -250,8 +250,21 @@ struct QueryWork {
   float norm = 0.f;
 };
 
-// Up to 16 query rows against one KV head's keys [lo, end): out_r = softmax(scale q_r.k_j over the keys
-// row r may see) . v. A row's allowed keys are taken in order and numbered from 0, and that number, not
+// How many of the keys [0, count) a block of query rows reads: up to the last one any row may see (keys
+// past it would only add weights of 0; a prompt chunk's early rows see none of its later rows' keys).
+inline int64_t block_reach(const bool* const* allowed, int nq, int64_t count) {
+  int64_t reach = 0;
+  for (int r = 0; r < nq && reach < count; ++r) {
+    int64_t last = count;
+    if (allowed[r] != nullptr)
+      while (last > reach && !allowed[r][last - 1]) --last;
+    reach = std::max(reach, last);
+  }
+  return reach;
+}
+
+// Up to 16 query rows against one KV head's keys [lo, lo + count) (count: block_reach's, no key past it
+// visible to any row): out_r = softmax(scale q_r.k_j over the keys row r may see) . v. A row's allowed keys are taken in order and numbered from 0, and that number, not
 // the slot, decides which lane of the exponentials' sum a key joins: a row then gets the same numbers
 // whether its context sits in consecutive slots (one position, a chain) or has a tree's other branches
 // between (masked out), so a tree's accepted path scores what plain decoding scores, to the bit. Every
@@ -482,39 +495,58 @@ RowBlocks row_blocks(const AttendJob& job, int64_t groups_in_all, int64_t thread
 
 // Every (job, KV head, block of query rows) of the jobs as one parallel loop: sequences attended together
 // share the threads even when each has a single query (a step of several sequences decoding one token
-// each).
+// each). A unit costs its rows times the keys they reach, and each thread takes a run of consecutive
+// units of about equal cost: a prompt chunk's later blocks reach more keys than its earlier ones (halves by
+// count left one thread ~30 % idle), and consecutive units share their KV head's keys in the thread's
+// caches (units dealt out one by one cost 5-15 % on token trees). Each unit writes its own rows: the
+// numbers do not depend on which thread takes it.
+struct AttendUnit {
+  const AttendJob* job;
+  int64_t g, row0, reach;
+  int nq;
+};
+
 void attend_all(std::vector<AttendJob>& jobs, double scale) {
-  int64_t groups = 0, keys = 0;
-  for (const AttendJob& job : jobs) groups += job.n_kv, keys += job.n_heads * job.T * job.count;
-  std::vector<RowBlocks> blocks;
-  std::vector<int64_t> first{0};  // the jobs' units (KV head, block) numbered in turn
+  int64_t groups = 0;
+  for (const AttendJob& job : jobs) groups += job.n_kv;
+  std::vector<AttendUnit> units;
+  std::vector<double> cost{0.0};  // cumulative
+  const bool* allowed[kQueryBlock];
   for (const AttendJob& job : jobs) {
-    blocks.push_back(row_blocks(job, groups, at::get_num_threads()));
-    first.push_back(first.back() + job.n_kv * blocks.back().count);
+    const RowBlocks b = row_blocks(job, groups, at::get_num_threads());
+    const int64_t per_group = job.n_heads / job.n_kv;
+    for (int64_t g = 0; g < job.n_kv; ++g)
+      for (int64_t row0 = 0; row0 < b.per_group; row0 += b.size) {
+        const int nq = static_cast<int>(std::min(b.size, b.per_group - row0));
+        for (int r = 0; r < nq; ++r) allowed[r] = job.mp ? job.mp + (row0 + r) / per_group * job.count : nullptr;
+        units.push_back(AttendUnit{&job, g, row0, block_reach(allowed, nq, job.count), nq});
+        cost.push_back(cost.back() + static_cast<double>(nq) * (units.back().reach + 16));
+      }
   }
-  const int64_t units = first.back();
-  const int64_t grain = std::max<int64_t>(1, 1024 * units / std::max<int64_t>(1, keys));  // ~1024 keys a chunk
-  at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+  const int64_t n = static_cast<int64_t>(units.size());
+  const int64_t takers = cost.back() < 512 ? 1 : std::min<int64_t>(n, at::get_num_threads());  // a few keys: one
+  at::parallel_for(0, takers, 1, [&](int64_t t0, int64_t t1) {
     std::vector<QueryWork> work;
     const float* qs[kQueryBlock];
-    const bool* allowed[kQueryBlock];
+    const bool* seen[kQueryBlock];
     float* outs[kQueryBlock];
-    size_t j = std::upper_bound(first.begin(), first.end(), u0) - first.begin() - 1;
-    for (int64_t u = u0; u < u1; ++u) {
-      while (u >= first[j + 1]) ++j;
-      const AttendJob& job = jobs[j];
-      const RowBlocks& b = blocks[j];
-      const int64_t local = u - first[j], g = local / b.count, row0 = (local % b.count) * b.size;
+    const auto first_at = [&](int64_t t) {  // the unit boundary nearest to t / takers of the total cost
+      const double target = cost.back() * t / takers;
+      const int64_t i = std::lower_bound(cost.begin(), cost.end(), target) - cost.begin();
+      return i > 0 && target - cost[i - 1] < cost[i] - target ? i - 1 : i;
+    };
+    for (int64_t u = first_at(t0), end = t1 == takers ? n : first_at(t1); u < end; ++u) {
+      const AttendUnit& unit = units[u];
+      const AttendJob& job = *unit.job;
       const int64_t per_group = job.n_heads / job.n_kv;
-      const int nq = static_cast<int>(std::min(b.size, b.per_group - row0));
-      for (int r = 0; r < nq; ++r) {  // row = position t, then head h of the group
-        const int64_t row = row0 + r, t = row / per_group, h = g * per_group + row % per_group;
+      for (int r = 0; r < unit.nq; ++r) {  // row = position t, then head h of the group
+        const int64_t row = unit.row0 + r, t = row / per_group, h = unit.g * per_group + row % per_group;
         qs[r] = job.q.of(h, t);
-        allowed[r] = job.mp ? job.mp + t * job.count : nullptr;
+        seen[r] = job.mp ? job.mp + t * job.count : nullptr;
         outs[r] = job.out.data_ptr<float>() + (t * job.n_heads + h) * job.hd;
       }
-      attend_rows(qs, allowed, outs, nq, job.kc + (g * job.capacity + job.lo) * job.hd,
-                  job.vc + (g * job.capacity + job.lo) * job.hd, job.count, job.hd, static_cast<float>(scale), work);
+      attend_rows(qs, seen, outs, unit.nq, job.kc + (unit.g * job.capacity + job.lo) * job.hd,
+                  job.vc + (unit.g * job.capacity + job.lo) * job.hd, unit.reach, job.hd, static_cast<float>(scale), work);
     }
   });
 }
