@@ -646,6 +646,16 @@ struct PackedActs {
 // inputs; allocating and zeroing 16 rows' buffers for each cost ~3 % of a one-row step on Zen 2). Rows
 // past M are zeroed only where `zero_padding`: AMX reads whole 16-row tiles, the AVX2 and vpdpbusd
 // products read rows below M alone.
+// Rows [m0, m1) of x into out's int8 groups (each group's own scale; rows are independent).
+SPECDEC_AVX2 void quantize_rows(PackedActs& out, const float* x, int64_t m0, int64_t m1, int64_t K, int64_t G) {
+  for (int64_t m = m0; m < m1; ++m)
+    for (int64_t g = 0; g < out.groups; ++g) {
+      const int64_t at = out.at(m, g);
+      out.d[at] = quantize_group(x + m * K + g * G, G, out.q.data() + at * G, out.total[at]);
+      out.s[at] = out.d[at] * static_cast<float>(out.total[at]);
+    }
+}
+
 SPECDEC_AVX2 void quantize_acts_into(PackedActs& out, const float* x, int64_t M, int64_t K, int64_t G, bool zero_padding) {
   const int64_t groups = K / G, Mp = (M + 15) / 16 * 16;
   out.M = M, out.K = K, out.groups = groups;
@@ -657,12 +667,11 @@ SPECDEC_AVX2 void quantize_acts_into(PackedActs& out, const float* x, int64_t M,
       std::fill_n(out.d.data() + at, rows, 0.f), std::fill_n(out.s.data() + at, rows, 0.f);
       std::fill_n(out.total.data() + at, rows, 0);
     }
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t at = out.at(m, g);
-      out.d[at] = quantize_group(x + m * K + g * G, G, out.q.data() + at * G, out.total[at]);
-      out.s[at] = out.d[at] * static_cast<float>(out.total[at]);
-    }
+  if (M < 32) {  // a step's few rows: not worth waking the other threads
+    quantize_rows(out, x, 0, M, K, G);
+    return;
+  }
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) { quantize_rows(out, x, m0, m1, K, G); });
 }
 
 SPECDEC_AVX2 PackedActs quantize_acts(const float* x, int64_t M, int64_t K, int64_t G) {
