@@ -31,6 +31,7 @@ CONFIGS = [  # (label, drafter, temperature, seed, task)
     ("auto T=0 chat", "auto", 0.0, None, "chat"),
     ("auto T=0 code-edit", "auto", 0.0, None, "code-edit"),
     ("trained T=0 chat", "trained", 0.0, None, "chat"),
+    ("trained T=1 chat", "trained", 1.0, None, "chat"),
     ("trained T=1 chat seeded", "trained", 1.0, 1, "chat"),
     ("trained-tree T=0 chat", "trained-tree", 0.0, None, "chat"),
 ]
