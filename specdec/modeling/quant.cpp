@@ -642,10 +642,6 @@ struct PackedActs {
   int64_t at(int64_t m, int64_t g) const { return ((m / 16) * groups + g) * 16 + m % 16; }  // d, s; q at G times
 };
 
-// quantize_acts into `out`, whose buffers are kept from call to call (a SmolLM2 step quantises ~120
-// inputs; allocating and zeroing 16 rows' buffers for each cost ~3 % of a one-row step on Zen 2). Rows
-// past M are zeroed only where `zero_padding`: AMX reads whole 16-row tiles, the AVX2 and vpdpbusd
-// products read rows below M alone.
 // Rows [m0, m1) of x into out's int8 groups (each group's own scale; rows are independent).
 SPECDEC_AVX2 void quantize_rows(PackedActs& out, const float* x, int64_t m0, int64_t m1, int64_t K, int64_t G) {
   for (int64_t m = m0; m < m1; ++m)
@@ -656,6 +652,10 @@ SPECDEC_AVX2 void quantize_rows(PackedActs& out, const float* x, int64_t m0, int
     }
 }
 
+// quantize_acts into `out`, whose buffers are kept from call to call (a SmolLM2 step quantises ~120
+// inputs; allocating and zeroing 16 rows' buffers for each cost ~3 % of a one-row step on Zen 2). Rows
+// past M are zeroed only where `zero_padding`: AMX reads whole 16-row tiles, the AVX2 and vpdpbusd
+// products read rows below M alone.
 SPECDEC_AVX2 void quantize_acts_into(PackedActs& out, const float* x, int64_t M, int64_t K, int64_t G, bool zero_padding) {
   const int64_t groups = K / G, Mp = (M + 15) / 16 * 16;
   out.M = M, out.K = K, out.groups = groups;
@@ -671,7 +671,7 @@ SPECDEC_AVX2 void quantize_acts_into(PackedActs& out, const float* x, int64_t M,
     quantize_rows(out, x, 0, M, K, G);
     return;
   }
-  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) { quantize_rows(out, x, m0, m1, K, G); });
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) { quantize_rows(out, x, m0, m1, K, G); });  // a prompt
 }
 
 SPECDEC_AVX2 PackedActs quantize_acts(const float* x, int64_t M, int64_t K, int64_t G) {

@@ -264,14 +264,15 @@ inline int64_t block_reach(const bool* const* allowed, int nq, int64_t count) {
 }
 
 // Up to 16 query rows against one KV head's keys [lo, lo + count) (count: block_reach's, no key past it
-// visible to any row): out_r = softmax(scale q_r.k_j over the keys row r may see) . v. A row's allowed keys are taken in order and numbered from 0, and that number, not
-// the slot, decides which lane of the exponentials' sum a key joins: a row then gets the same numbers
-// whether its context sits in consecutive slots (one position, a chain) or has a tree's other branches
-// between (masked out), so a tree's accepted path scores what plain decoding scores, to the bit. Every
-// number is a function of the row's query, its keys and its values alone, so a row scores the same alone
-// or in a block, and the block only shares the reads: the rows (of one position's heads that share the
-// KV head, or of many positions) take each chunk of ~32 KB of keys in pairs, four keys at a time, then
-// each chunk of values in threes; a hidden key's weight is 0, which adds nothing to a sum (x + 0 = x).
+// visible to any row): out_r = softmax(scale q_r.k_j over the keys row r may see) . v. A row's allowed keys
+// are taken in order and numbered from 0, and that number, not the slot, decides which lane of the
+// exponentials' sum a key joins: a row then gets the same numbers whether its context sits in consecutive
+// slots (one position, a chain) or has a tree's other branches between (masked out), so a tree's accepted
+// path scores what plain decoding scores, to the bit. Every number is a function of the row's query, its
+// keys and its values alone, so a row scores the same alone or in a block, and the block only shares the
+// reads: the rows (of one position's heads that share the KV head, or of many positions) take each chunk
+// of ~32 KB of keys in pairs, four keys at a time, then each chunk of values in threes; a hidden key's
+// weight is 0, which adds nothing to a sum (x + 0 = x).
 SPECDEC_AVX2 void attend_rows(const float* const* qs, const bool* const* allowed, float* const* outs, int nq,
                               const float* keys, const float* values, int64_t count, int64_t hd, float scale,
                               std::vector<QueryWork>& work) {
@@ -506,6 +507,11 @@ struct AttendUnit {
   int nq;
 };
 
+// The mask row of a KV head's query row (position row / heads per KV head), or nullptr: every key visible.
+inline const bool* row_mask(const AttendJob& job, int64_t row) {
+  return job.mp ? job.mp + row / (job.n_heads / job.n_kv) * job.count : nullptr;
+}
+
 void attend_all(std::vector<AttendJob>& jobs, double scale) {
   int64_t groups = 0;
   for (const AttendJob& job : jobs) groups += job.n_kv;
@@ -514,11 +520,10 @@ void attend_all(std::vector<AttendJob>& jobs, double scale) {
   const bool* allowed[kQueryBlock];
   for (const AttendJob& job : jobs) {
     const RowBlocks b = row_blocks(job, groups, at::get_num_threads());
-    const int64_t per_group = job.n_heads / job.n_kv;
     for (int64_t g = 0; g < job.n_kv; ++g)
       for (int64_t row0 = 0; row0 < b.per_group; row0 += b.size) {
         const int nq = static_cast<int>(std::min(b.size, b.per_group - row0));
-        for (int r = 0; r < nq; ++r) allowed[r] = job.mp ? job.mp + (row0 + r) / per_group * job.count : nullptr;
+        for (int r = 0; r < nq; ++r) allowed[r] = row_mask(job, row0 + r);
         units.push_back(AttendUnit{&job, g, row0, block_reach(allowed, nq, job.count), nq});
         cost.push_back(cost.back() + static_cast<double>(nq) * (units.back().reach + 16));
       }
@@ -542,7 +547,7 @@ void attend_all(std::vector<AttendJob>& jobs, double scale) {
       for (int r = 0; r < unit.nq; ++r) {  // row = position t, then head h of the group
         const int64_t row = unit.row0 + r, t = row / per_group, h = unit.g * per_group + row % per_group;
         qs[r] = job.q.of(h, t);
-        seen[r] = job.mp ? job.mp + t * job.count : nullptr;
+        seen[r] = row_mask(job, row);
         outs[r] = job.out.data_ptr<float>() + (t * job.n_heads + h) * job.hd;
       }
       attend_rows(qs, seen, outs, unit.nq, job.kc + (unit.g * job.capacity + job.lo) * job.hd,
