@@ -444,6 +444,23 @@ def test_a_prompts_cache_does_not_depend_on_its_chunks(kernels, arch, int8):
     assert torch.equal(backend.forward(torch.tensor([4])), whole)
 
 
+def test_the_caches_handle_follows_the_storage_as_it_grows(kernels):
+    """stack_steps takes each sequence's caches as one handle (KVCache.bound), made again when the storage
+    grows: a pass after the growth must read the keys written before it, as one pass over the whole does."""
+    model = tiny("llama")
+    backend = LeanBackend(model, gguf=quantised_twin(model, ALL_Q4_1), int8_activations=True)
+    ids = torch.randint(0, 40, (300,), generator=torch.Generator().manual_seed(5))
+    backend.append(ids[:250])  # capacity 256
+    first = backend.cache.bound(kernels.SequenceCaches)
+    assert backend.cache.bound(kernels.SequenceCaches) is first  # kept while the storage stands
+    backend.append(ids[250:])  # grows to 512: the old handle names the old tensors
+    assert backend.cache.bound(kernels.SequenceCaches) is not first
+    grown = backend.forward(torch.tensor([4]))
+    backend.reset()  # the whole context in one pass, into the grown storage
+    backend.append(ids)
+    assert torch.equal(backend.forward(torch.tensor([4])), grown)
+
+
 @pytest.mark.parametrize("kinds", [ALL_Q4_1, MIXED], ids=["layers-in-one-call", "mixed"])
 def test_batched_generations_on_blocks_equal_each_alone(kernels, kinds):
     model = tiny("llama")

@@ -26,6 +26,16 @@ class KVCache:
         self.capacity = 0
         self.length = 0
         """Positions 0..length-1 hold valid entries."""
+        self._bound: dict = {}
+
+    def bound(self, make):
+        """make(k, v): an extension's handle on this cache's tensors (quant.cpp's SequenceCaches), made once
+        and again only after the storage grows (passing the 2 x layers tensors at every call cost more than
+        the call's own work outside its layers)."""
+        handle = self._bound.get(make)
+        if handle is None:
+            handle = self._bound[make] = make(self.k, self.v)
+        return handle
 
     def ensure(self, end: int) -> None:
         """Room for positions 0..end-1, keeping what the cache holds."""
@@ -40,3 +50,4 @@ class KVCache:
             grown_k[i][:, :old] = self.k[i][:, :old]
             grown_v[i][:, :old] = self.v[i][:, :old]
         self.k, self.v, self.capacity = grown_k, grown_v, capacity
+        self._bound.clear()  # handles on the old tensors

@@ -362,7 +362,7 @@ class Decoder:
                 seen.append((lo, _ALL_VISIBLE if mask is None else mask))
             windows.append(seen)
         wanted = [i for i in taps.layers if i < len(self.layers)] if taps is not None else []
-        sequences = [(s.cache.k, s.cache.v, s.start, s.rows, s.prompt) for s in segments]
+        sequences = [(s.cache, s.start, s.rows, s.prompt) for s in segments]
         out, tapped = self.layer_step.run(h, tables, self._rope_of, sequences, windows, self._window_of, wanted)
         for i, state in zip(wanted, tapped):
             taps.see(i, state)

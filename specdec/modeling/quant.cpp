@@ -1430,32 +1430,44 @@ torch::Tensor layer_steps(torch::Tensor h, const std::vector<std::vector<torch::
 
 // Every layer's weights, held once (LayerStack) so that a pass through the whole stack is one call
 // (stack_steps) instead of one a layer: a SmolLM2 token spent ~0.3 ms in the Python loop over its 30
-// layers and its per-layer argument lists, ~10 % of a step on Zen 5.
+// layers and its per-layer argument lists, ~10 % of a step on Zen 5. What does not change from pass to
+// pass is held here too (the model's shapes; which RoPE table and attention window each layer takes, set
+// once by set_layout), and each sequence's caches are one SequenceCaches handle: converting the per-layer
+// lists and constants at every call cost ~50 us of a ~60 us call (its arguments alone).
 struct LayerStack {
   std::vector<std::vector<std::vector<torch::Tensor>>> blocks;  // per layer: layer_steps' blocks, kinds, norms
   std::vector<std::vector<std::vector<int64_t>>> kinds;
   std::vector<std::vector<torch::Tensor>> norms;
+  int64_t n_heads, n_kv, hd;
+  double eps, scale;
+  bool gemma, int8;
+  std::vector<int64_t> rope_of, window_of;  // per layer: its RoPE table and attention window (set_layout)
+};
+
+// One sequence's keys and values, a tensor a layer (KVCache.k and .v as they stand until the cache grows).
+struct SequenceCaches {
+  std::vector<torch::Tensor> k, v;
 };
 
 // Every layer of one or more sequences in turn, each exactly as layer_steps runs it (the same call), so
 // the same numbers to the bit. Layer i takes cos[rope_of[i]], sin[rope_of[i]] and, per sequence s,
-// k_caches[s][i], v_caches[s][i], los[window_of[i]][s], visibles[window_of[i]][s] (layers that share a
-// RoPE table or an attention window share one entry). Returns the last layer's output, then the inputs
-// of the layers `taps` names, in that order (EAGLE's features).
+// caches[s]'s k[i] and v[i], los[window_of[i]][s], visibles[window_of[i]][s] (layers that share a RoPE
+// table or an attention window share one entry; rope_of and window_of are the stack's). Returns the last
+// layer's output, then the inputs of the layers `taps` names, in that order (EAGLE's features).
 std::vector<torch::Tensor> stack_steps(const LayerStack& stack, torch::Tensor h, const std::vector<torch::Tensor>& cos,
-                                       const std::vector<torch::Tensor>& sin, const std::vector<int64_t>& rope_of,
-                                       const std::vector<std::vector<torch::Tensor>>& k_caches,
-                                       const std::vector<std::vector<torch::Tensor>>& v_caches,
+                                       const std::vector<torch::Tensor>& sin,
+                                       const std::vector<std::shared_ptr<SequenceCaches>>& caches,
                                        const std::vector<int64_t>& starts, const std::vector<std::vector<int64_t>>& los,
                                        const std::vector<std::vector<torch::Tensor>>& visibles,
-                                       const std::vector<int64_t>& window_of, const std::vector<int64_t>& rows,
-                                       const std::vector<bool>& prompts, int64_t n_heads, int64_t n_kv, int64_t hd,
-                                       double eps, double scale, bool gemma, bool int8, const std::vector<int64_t>& taps) {
+                                       const std::vector<int64_t>& rows, const std::vector<bool>& prompts,
+                                       const std::vector<int64_t>& taps) {
   const size_t layers = stack.blocks.size(), n = rows.size();
-  TORCH_CHECK(rope_of.size() == layers && window_of.size() == layers, "one RoPE table and window index per layer");
-  TORCH_CHECK(k_caches.size() == n && v_caches.size() == n, "one list of caches per sequence");
+  const std::vector<int64_t>& rope_of = stack.rope_of;
+  const std::vector<int64_t>& window_of = stack.window_of;
+  TORCH_CHECK(rope_of.size() == layers && window_of.size() == layers, "set_layout first: a RoPE table and window a layer");
+  TORCH_CHECK(caches.size() == n, "one SequenceCaches per sequence");
   for (size_t s = 0; s < n; ++s)
-    TORCH_CHECK(k_caches[s].size() == layers && v_caches[s].size() == layers, "one cache per layer");
+    TORCH_CHECK(caches[s] && caches[s]->k.size() == layers && caches[s]->v.size() == layers, "one cache per layer");
   for (size_t i = 0; i < layers; ++i) {
     TORCH_CHECK(rope_of[i] >= 0 && rope_of[i] < static_cast<int64_t>(cos.size()) && cos.size() == sin.size(),
                 "rope_of names a table that was not given");
@@ -1467,10 +1479,10 @@ std::vector<torch::Tensor> stack_steps(const LayerStack& stack, torch::Tensor h,
   for (size_t i = 0; i < layers; ++i) {
     for (size_t t = 0; t < taps.size(); ++t)
       if (taps[t] == static_cast<int64_t>(i)) tapped[t] = h;
-    for (size_t s = 0; s < n; ++s) ks[s] = k_caches[s][i], vs[s] = v_caches[s][i];
+    for (size_t s = 0; s < n; ++s) ks[s] = caches[s]->k[i], vs[s] = caches[s]->v[i];
     h = layer_steps(h, stack.blocks[i], stack.kinds[i], stack.norms[i], cos[rope_of[i]], sin[rope_of[i]], ks, vs,
-                    starts, los[window_of[i]], visibles[window_of[i]], rows, prompts, n_heads, n_kv, hd, eps, scale,
-                    gemma, int8);
+                    starts, los[window_of[i]], visibles[window_of[i]], rows, prompts, stack.n_heads, stack.n_kv,
+                    stack.hd, stack.eps, stack.scale, stack.gemma, stack.int8);
   }
   for (size_t t = 0; t < taps.size(); ++t) TORCH_CHECK(tapped[t].defined(), "taps names layer ", taps[t], " of ", layers);
   std::vector<torch::Tensor> out{h};
@@ -1505,11 +1517,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the most rows the packed kernels multiply on vpdpbusd before AMX takes them (default 24); returns the "
         "previous value");
   m.def("packed_flag", [] { return kPackedFlag; }, "kind | packed_flag() names a packed matrix to linear and stack_steps");
-  py::class_<LayerStack>(m, "LayerStack", "every layer's weights (blocks, kinds, norms per layer), held for stack_steps")
+  py::class_<LayerStack>(m, "LayerStack", "every layer's weights (blocks, kinds, norms per layer) and the model's "
+                         "shapes, held for stack_steps")
       .def(py::init([](std::vector<std::vector<std::vector<torch::Tensor>>> blocks,
-                       std::vector<std::vector<std::vector<int64_t>>> kinds, std::vector<std::vector<torch::Tensor>> norms) {
+                       std::vector<std::vector<std::vector<int64_t>>> kinds, std::vector<std::vector<torch::Tensor>> norms,
+                       int64_t n_heads, int64_t n_kv, int64_t hd, double eps, double scale, bool gemma, bool int8) {
         TORCH_CHECK(blocks.size() == kinds.size() && blocks.size() == norms.size(), "one entry per layer in each list");
-        return LayerStack{std::move(blocks), std::move(kinds), std::move(norms)};
+        return LayerStack{std::move(blocks), std::move(kinds), std::move(norms), n_heads, n_kv, hd, eps, scale, gemma,
+                          int8, {}, {}};
+      }))
+      .def("set_layout", [](LayerStack& stack, std::vector<int64_t> rope_of, std::vector<int64_t> window_of) {
+        TORCH_CHECK(rope_of.size() == stack.blocks.size() && window_of.size() == stack.blocks.size(),
+                    "a RoPE table and a window index for every layer");
+        stack.rope_of = std::move(rope_of), stack.window_of = std::move(window_of);
+      }, "which RoPE table (index into stack_steps' cos and sin) and attention window each layer takes");
+  py::class_<SequenceCaches, std::shared_ptr<SequenceCaches>>(m, "SequenceCaches",
+                                                              "one sequence's key and value caches, a tensor a layer")
+      .def(py::init([](std::vector<torch::Tensor> k, std::vector<torch::Tensor> v) {
+        TORCH_CHECK(k.size() == v.size(), "as many value caches as key caches");
+        return std::make_shared<SequenceCaches>(SequenceCaches{std::move(k), std::move(v)});
       }));
   // Without the GIL: a pass (a long prompt's chunk: a second or more) would otherwise hold up every other
   // Python thread, the server's HTTP loop among them, for all of its layers (one call a layer let it in between).

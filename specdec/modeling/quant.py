@@ -152,26 +152,32 @@ _EMPTY = torch.empty(0)
 class LayerSteps:
     """The decoder layers on GGUF blocks, every layer of a pass of one or more sequences in one call
     (quant.cpp's stack_steps, each layer layer_steps: layer_aten's arithmetic with rowops.cpp, to the
-    bit). The weights are handed to the C++ side once, here."""
+    bit). The weights and the model's shapes are handed to the C++ side once, here; each sequence's caches
+    once per cache storage (KVCache.bound)."""
 
     def __init__(self, module, arch, held: list, int8: bool):
         self.module, self.arch, self.int8 = module, arch, int8
-        self.stack = module.LayerStack([b for b, _, _ in held], [k for _, k, _ in held], [n for _, _, n in held])
+        self.stack = module.LayerStack([b for b, _, _ in held], [k for _, k, _ in held], [n for _, _, n in held],
+                                       arch.n_heads, arch.n_kv, arch.head_dim, arch.eps, arch.scale, arch.gemma, int8)
+        self._layout: tuple | None = None
 
     def run(self, h: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]], rope_of: list[int],
             sequences: list[tuple], windows: list[list[tuple[int, torch.Tensor]]], window_of: list[int],
             taps: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """h (T, d), each sequence's rows in turn, through every layer. tables: (cos, sin) at each row's
-        position for each RoPE table, rope_of: layer i's table; sequences: (k caches, v caches (a tensor
-        a layer each), start, rows, prompt) each (prompt: a prompt chunk, no logits wanted); windows: for
-        each attention window, (lo, visible) per sequence, window_of: layer i's; taps: layers whose
-        inputs to return too. Returns h after the last layer and the tapped inputs in the order asked."""
-        k_caches, v_caches, starts, rows, prompts = (list(column) for column in zip(*sequences))
-        a = self.arch
+        position for each RoPE table, rope_of: layer i's table; sequences: (KVCache, start, rows, prompt)
+        each (prompt: a prompt chunk, no logits wanted); windows: for each attention window, (lo, visible)
+        per sequence, window_of: layer i's; taps: layers whose inputs to return too. Returns h after the
+        last layer and the tapped inputs in the order asked."""
+        if self._layout != (rope_of, window_of):
+            self.stack.set_layout(rope_of, window_of)
+            self._layout = (list(rope_of), list(window_of))
+        make = self.module.SequenceCaches
+        caches = [cache.bound(make) for cache, _, _, _ in sequences]
         out = self.module.stack_steps(
-            self.stack, h.contiguous(), [c.contiguous() for c, _ in tables], [s.contiguous() for _, s in tables], rope_of,
-            k_caches, v_caches, starts, [[lo for lo, _ in w] for w in windows], [[v for _, v in w] for w in windows],
-            window_of, rows, prompts, a.n_heads, a.n_kv, a.head_dim, a.eps, a.scale, a.gemma, self.int8, taps)
+            self.stack, h.contiguous(), [c.contiguous() for c, _ in tables], [s.contiguous() for _, s in tables], caches,
+            [start for _, start, _, _ in sequences], [[lo for lo, _ in w] for w in windows], [[v for _, v in w] for w in windows],
+            [rows for _, _, rows, _ in sequences], [prompt for _, _, _, prompt in sequences], taps)
         return out[0], out[1:]
 
 
