@@ -4,7 +4,7 @@ pass attends; SmolLM2's shapes (9 query heads over 3 KV heads of 64) and Gemma-3
 Also a random tree mask and one position, whose outputs must not change either. ms a layer (medians of
 5), new / old, and whether the outputs are equal to the bit.
 
-    mkdir -p /tmp/kv/old && git show abd7eb4~1:specdec/modeling/rowops.h > /tmp/kv/old/rowops.h
+    mkdir -p /tmp/kv/old && git show 409b007~1:specdec/modeling/rowops.h > /tmp/kv/old/rowops.h
     cp specdec/modeling/rowops.cpp /tmp/kv/old/
     .venv/bin/python docs/results/zen2-epyc/prompt_attention_ab.py /tmp/kv/old/rowops.cpp specdec/modeling/rowops.cpp
 """
