@@ -409,8 +409,8 @@ def test_several_sequences_in_one_call_equal_each_alone_to_the_bit(kernels, arch
     backend = LeanBackend(model, gguf=quantised_twin(model, ALL_Q4_1), int8_activations=int8)
     calls = []
     step = backend.decoder.layer_step
-    monkeypatch.setattr(step, "run", lambda h, tables, rope_of, sequences, *rest:
-                        calls.append(len(sequences)) or type(step).run(step, h, tables, rope_of, sequences, *rest))
+    monkeypatch.setattr(step, "run", lambda h, tables, sequences, *rest:
+                        calls.append(len(sequences)) or type(step).run(step, h, tables, sequences, *rest))
     g = torch.Generator().manual_seed(9)
     contexts = [torch.randint(0, 40, (n,), generator=g) for n in (11, 19, 6)]
     steps = [Step(torch.tensor([5])), Step(torch.tensor([7, 8, 9])),

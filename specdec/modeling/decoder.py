@@ -289,6 +289,8 @@ class Decoder:
         self._rope_of = [self._rope_kinds.index(layer.rope) for layer in layers]
         self._windows = list(dict.fromkeys(layer.window for layer in layers))
         self._window_of = [self._windows.index(layer.window) for layer in layers]
+        if self.layer_step is not None:  # the tables and windows _run_stack hands it, in this order
+            self.layer_step.set_layout(self._rope_of, self._window_of)
 
     def new_cache(self, max_length: int | None = None) -> KVCache:
         return KVCache(len(self.layers), self.arch.n_kv, self.arch.head_dim, self.rope.dtype, self.rope.device,
@@ -363,7 +365,7 @@ class Decoder:
             windows.append(seen)
         wanted = [i for i in taps.layers if i < len(self.layers)] if taps is not None else []
         sequences = [(s.cache, s.start, s.rows, s.prompt) for s in segments]
-        out, tapped = self.layer_step.run(h, tables, self._rope_of, sequences, windows, self._window_of, wanted)
+        out, tapped = self.layer_step.run(h, tables, sequences, windows, wanted)
         for i, state in zip(wanted, tapped):
             taps.see(i, state)
         for s in segments:

@@ -159,19 +159,19 @@ class LayerSteps:
         self.module, self.arch, self.int8 = module, arch, int8
         self.stack = module.LayerStack([b for b, _, _ in held], [k for _, k, _ in held], [n for _, _, n in held],
                                        arch.n_heads, arch.n_kv, arch.head_dim, arch.eps, arch.scale, arch.gemma, int8)
-        self._layout: tuple | None = None
 
-    def run(self, h: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]], rope_of: list[int],
-            sequences: list[tuple], windows: list[list[tuple[int, torch.Tensor]]], window_of: list[int],
-            taps: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def set_layout(self, rope_of: list[int], window_of: list[int]) -> None:
+        """Which of run's RoPE tables (rope_of[i]) and attention windows (window_of[i]) layer i takes; set
+        once, by the decoder that runs the layers."""
+        self.stack.set_layout(rope_of, window_of)
+
+    def run(self, h: torch.Tensor, tables: list[tuple[torch.Tensor, torch.Tensor]], sequences: list[tuple],
+            windows: list[list[tuple[int, torch.Tensor]]], taps: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """h (T, d), each sequence's rows in turn, through every layer. tables: (cos, sin) at each row's
-        position for each RoPE table, rope_of: layer i's table; sequences: (KVCache, start, rows, prompt)
-        each (prompt: a prompt chunk, no logits wanted); windows: for each attention window, (lo, visible)
-        per sequence, window_of: layer i's; taps: layers whose inputs to return too. Returns h after the
-        last layer and the tapped inputs in the order asked."""
-        if self._layout != (rope_of, window_of):
-            self.stack.set_layout(rope_of, window_of)
-            self._layout = (list(rope_of), list(window_of))
+        position for each RoPE table; sequences: (KVCache, start, rows, prompt) each (prompt: a prompt
+        chunk, no logits wanted); windows: for each attention window, (lo, visible) per sequence (which
+        table and window each layer takes: set_layout); taps: layers whose inputs to return too. Returns h
+        after the last layer and the tapped inputs in the order asked."""
         make = self.module.SequenceCaches
         caches = [cache.bound(make) for cache, _, _, _ in sequences]
         out = self.module.stack_steps(

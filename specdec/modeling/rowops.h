@@ -483,15 +483,14 @@ AttendJob attend_job(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::T
 constexpr int64_t kQueryBlock = 16;
 
 struct RowBlocks {
-  int64_t per_group, size, count;  // rows a KV head, rows a block, blocks a KV head
+  int64_t per_group, size;  // rows a KV head, rows a block
 };
 
 RowBlocks row_blocks(const AttendJob& job, int64_t groups_in_all, int64_t threads) {
   const int64_t rows = job.T * (job.n_heads / job.n_kv);
   const int64_t wanted = std::min(rows, (threads + groups_in_all - 1) / groups_in_all);  // blocks a KV head
   const int64_t count = std::max((rows + kQueryBlock - 1) / kQueryBlock, wanted);
-  const int64_t size = (rows + count - 1) / count;
-  return RowBlocks{rows, size, (rows + size - 1) / size};
+  return RowBlocks{rows, (rows + count - 1) / count};
 }
 
 // Every (job, KV head, block of query rows) of the jobs as one parallel loop: sequences attended together
