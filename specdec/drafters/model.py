@@ -16,7 +16,7 @@ import torch
 from ..backends import Backend
 from ..config import SamplingParams
 from ..errors import SpecdecError
-from ..sampling import draw, probs
+from ..sampling import argmax_rows, draw, probs
 from .base import Drafter, Proposal
 
 
@@ -59,7 +59,7 @@ class ModelDrafter(Drafter):
         for i in range(gamma):
             logits = self._fit_vocab(self.backend.forward(unseen)[-1:])  # (1, V)
             if sampling.greedy:
-                token = int(logits.argmax())
+                token = int(argmax_rows(logits)[0])
             else:
                 q = probs(logits, sampling)[0]  # (V,)
                 token = draw(q, sampling, generator, position=context.numel() + i)
