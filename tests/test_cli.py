@@ -97,3 +97,54 @@ def test_negative_gamma_is_refused(capsys, value):
         main(["generate", "hi", "--gamma", value])
     assert exc.value.code == 2
     assert "gamma" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["bench", "--no-peers", "--out", "{file}"], ["--out {file} is a file, not a directory"]),
+    (["bench", "--no-peers", "--prompts-per-task", "0"], ["--prompts-per-task and --max-new-tokens must be at least 1"]),
+    (["bench", "--no-peers", "--max-new-tokens", "-5"], ["--prompts-per-task and --max-new-tokens must be at least 1"]),
+    (["train-drafter", "--kind", "eagle", "--out", "{file}"], ["--out {file} is a file, not a directory"]),
+    (["train-drafter", "--kind", "eagle", "--out", "{file}/drafter"], ["cannot create the --out directory", "Not a directory"]),
+    (["export-drafter", "{shipped}", "--out", "{file}"], ["--out {file} is a file, not a directory"]),
+    (["ngram", "fit", "--corpus", "man", "--out", "{file}/table.npz"], ["{file} is a file, not a directory"]),
+    (["ngram", "fit", "--corpus", "man", "--out", "{tmp}"], ["is a directory: give the path of a file"]),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(tmp_path, capsys, args, needles):
+    """Minutes of benchmarking, training or fitting must not end in a traceback because --out cannot be written:
+    the path is checked (and its directory made) before any model loads."""
+    from specdec.drafters import shipped_drafter
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("the user's file\n")
+    names = dict(file=blocker, tmp=tmp_path, shipped=shipped_drafter("smollm2-135m"))
+    assert main([a.format(**names) for a in args]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("specdec: error: ")
+    for needle in needles:
+        assert needle.format(**names) in err
+    assert blocker.read_text() == "the user's file\n"  # nothing the user had is lost
+
+
+@pytest.mark.parametrize("value", ["99999", "0", "-1", "http"])
+def test_a_port_out_of_range_is_an_argparse_error(capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--port", value])
+    assert exc.value.code == 2
+    assert "a port is a whole number from 1 to 65535" in capsys.readouterr().err
+
+
+def test_a_port_in_use_is_a_clear_error_before_the_model_loads(capsys):
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--target", "no-such-model-xyz"]) == 1  # would fail on loading
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "choose another --port" in err
+
+
+def test_a_host_that_does_not_resolve_is_a_clear_error(capsys):
+    assert main(["serve", "--host", "999.1.1.1", "--target", "no-such-model-xyz"]) == 1
+    assert "--host '999.1.1.1' is not an address to listen on" in capsys.readouterr().err

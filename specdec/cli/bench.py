@@ -9,7 +9,7 @@ from pathlib import Path
 from ..config import SpecConfig
 from ..errors import SpecdecError
 from ..prompts import TASKS
-from .options import add_model_args, comma_list
+from .options import add_model_args, comma_list, output_directory
 
 
 def peer_list(value: str) -> list[str]:
@@ -33,6 +33,9 @@ def run(args: argparse.Namespace) -> int:
     for t in args.temperatures:
         if t < 0:
             raise SpecdecError(f"temperatures must be >= 0, got {t}")
+    if args.prompts_per_task < 1 or args.max_new_tokens < 1:
+        raise SpecdecError(f"--prompts-per-task and --max-new-tokens must be at least 1, got {args.prompts_per_task} "
+                           f"and {args.max_new_tokens}")
     config = BenchConfig(target=args.target, drafters=args.drafter or ["prompt-lookup"], tasks=args.tasks,
                          temperatures=args.temperatures, gammas=args.gammas, prompts_per_task=args.prompts_per_task,
                          prompts_file=args.prompts, max_new_tokens=args.max_new_tokens, seed=args.seed,
@@ -43,8 +46,7 @@ def run(args: argparse.Namespace) -> int:
         config.tasks = [t for t in config.tasks if t in ("translate", "code")] or config.tasks[:1]
         config.prompts_per_task, config.temperatures = 1, [0.0]
         config.gammas, config.max_new_tokens = [2, "auto"], min(config.max_new_tokens, 32)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_directory(args.out)  # before the runs: minutes of them must have somewhere to go
     bar = tqdm(total=1, desc="bench", file=sys.stderr, dynamic_ncols=True)
 
     def progress(done: int, total: int, what: str) -> None:

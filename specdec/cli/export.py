@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SpecdecError
+from .options import output_directory
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,8 +28,9 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError(f"{args.drafter} holds no drafter written by `specdec train-drafter` "
                            "(config.json and model.safetensors)")
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not args.overwrite:
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise SpecdecError(f"{out} is not empty: choose another --out or pass --overwrite")
+    output_directory(args.out)
     net = eagle3_format.read_saved(args.drafter)
     target = net.config.target.get("name", "")
     verifier = args.verifier or (BUILTIN_MODELS[target].hub_id if target in BUILTIN_MODELS else target)

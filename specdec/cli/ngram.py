@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SpecdecError
-from .options import add_dtype, add_target
+from .options import add_dtype, add_target, output_file
 
 
 def corpus_texts(name: str, limit: int, seed: int) -> list[str]:
@@ -37,6 +37,7 @@ def fit_table(args: argparse.Namespace) -> int:
         raise SpecdecError(f"--n must be >= 2 (2 = bigram), got {args.n}")
     if args.top_k < 1:
         raise SpecdecError(f"--top-k must be >= 1, got {args.top_k}")
+    output_file(args.out)  # before the fit, whose table must have somewhere to go
     target = load_model(args.target, args.dtype)
     sequences, sources = [], []
     for name in args.corpus:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from ..config import BACKENDS, BUILTIN_TARGETS, DRAFTER_SYNTAX, WEIGHTS, SamplingParams, SpecConfig
 from ..errors import SpecdecError
@@ -80,3 +82,45 @@ def check_sampling_args(args: argparse.Namespace) -> None:
     """Fail on bad sampling flags before any model is loaded."""
     SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     SpecConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens)
+
+
+def port(text: str) -> int:
+    """--port's type: a TCP port, 1..65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a whole number from 1 to 65535, got {text!r}")
+    return value
+
+
+def output_directory(path: str, flag: str = "--out") -> Path:
+    """Create `path` (and its parents) now, before minutes of work whose results would have nowhere to go."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise SpecdecError(f"{flag} {out} is a file, not a directory: choose another {flag}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecdecError(f"cannot create the {flag} directory {out}: {exc.strerror}; choose another {flag}") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise SpecdecError(f"cannot write into the {flag} directory {out}: permission denied; choose another {flag}")
+    return out
+
+
+def output_file(path: str, flag: str = "--out") -> Path:
+    """Check that the file `path` can be written (its directory created if missing) before the work that fills it."""
+    out = Path(path)
+    if out.is_dir():
+        raise SpecdecError(f"{flag} {out} is a directory: give the path of a file to write")
+    parent = out.parent
+    if parent.exists() and not parent.is_dir():
+        raise SpecdecError(f"cannot write {flag} {out}: {parent} is a file, not a directory")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecdecError(f"cannot create {parent} for {flag} {out}: {exc.strerror}; choose another {flag}") from None
+    if not os.access(parent, os.W_OK | os.X_OK) or out.exists() and not os.access(out, os.W_OK):
+        raise SpecdecError(f"cannot write {flag} {out}: permission denied; choose another {flag}")
+    return out

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import threading
 
 from ..errors import SpecdecError
-from .options import add_model_args, gamma
+from .options import add_model_args, gamma, port
 
 
 def run(args: argparse.Namespace) -> int:
@@ -20,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("max_queue", "spec_off_depth", "max_body_bytes", "max_batch", "row_budget"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SpecdecError(f"--{name.replace('_', '-')} must be >= 1")
+    check_can_listen(args.host, args.port)  # before the model loads: a port in use is a clear error in a second
     api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
     if args.allowed_hosts:
         allowed = None if args.allowed_hosts == ["*"] else tuple(args.allowed_hosts)
@@ -45,14 +47,33 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.should_exit = True
         http.join(timeout=10)
-    return 0 if server.started else 1
+    if not server.started:
+        raise SpecdecError(f"the HTTP server did not start on {args.host}:{args.port} (uvicorn's reason is above)")
+    return 0
+
+
+def check_can_listen(host: str, port: int) -> None:
+    """Bind (host, port) as uvicorn will, and let go: an unknown host or a port in use fails here, clearly."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise SpecdecError(f"--host {host!r} is not an address to listen on ({exc.strerror}): give an address of this "
+                           "machine, e.g. 127.0.0.1 (loopback) or 0.0.0.0 (every interface)") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own socket
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise SpecdecError(f"cannot listen on {host}:{port}: {exc.strerror} (is another server there? choose "
+                               "another --port)") from None
 
 
 def register(sub) -> None:
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server")
     add_model_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="default: %(default)s (loopback only)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=port, default=8000)
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' on every endpoint but /health (also read from "
                             "the SPECDEC_API_KEY environment variable, which keeps it out of the process list)")

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SpecdecError
-from .options import add_dtype, add_target
+from .options import add_dtype, add_target, output_directory
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from ..training.train import SIZES, TrainRecipe, aux_layers_for, train
 
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()) and not (is_trained_drafter(out) and args.overwrite):
+    if out.is_dir() and any(out.iterdir()) and not (is_trained_drafter(out) and args.overwrite):
         what = "a trained drafter" if is_trained_drafter(out) else "files that are not a trained drafter"
         raise SpecdecError(f"{out} already holds {what}: choose another --out"
                            + (" or pass --overwrite" if is_trained_drafter(out) else ""))
@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecdecError("--feature-loss must be 0 or more (0: the token loss alone)")
     if args.unroll < 1:
         raise SpecdecError("--unroll must be at least 1 (the draft steps trained on)")
+    output_directory(args.out)  # before the target loads: minutes of training must have somewhere to go
     size = SIZES[args.size] if args.kind == "draft-lm" else dict(layers=1, ffn=1536)
     earlier = None
     if args.init:  # checked before the target loads; its weights are read (and checked against it) below
