@@ -462,6 +462,49 @@ def test_training_lowers_the_loss_and_saves_a_loadable_drafter(trained, kind):
     assert run.stats.drafted > 0
 
 
+def test_ctrl_c_during_training_keeps_the_steps_done(trained):
+    """The first Ctrl-C ends training after the step in progress and returns the drafter, measured; the handler
+    in place before training is back afterwards."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from specdec.training.train import StopRequest, TrainRecipe, train
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("Python runs signal handlers only in the main thread, and this test runs in another")
+    target, data, _ = trained
+    before = signal.getsignal(signal.SIGINT)
+
+    def interrupt_once_training_listens() -> None:
+        deadline = time.monotonic() + 120
+        while not isinstance(getattr(signal.getsignal(signal.SIGINT), "__self__", None), StopRequest):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    messages = []
+    threading.Thread(target=interrupt_once_training_listens, daemon=True).start()
+    net = train(target, data, TrainRecipe(kind="eagle", layers=1, ffn=64, vocab_size=24, steps=10**6, batch=8, window=32,
+                                          eval_every=20), log=messages.append, progress=False)
+    recipe = net.config.recipe
+    assert recipe["interrupted"] is True and 1 <= recipe["steps_done"] < 10**6
+    assert any("interrupted: stopping after the step in progress" in m for m in messages)
+    assert recipe["history"][-1]["step"] == recipe["steps_done"]  # measured at the step it stopped
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_second_ctrl_c_abandons_training():
+    from specdec.training.train import StopRequest
+
+    stop = StopRequest()
+    stop._on_interrupt(2, None)
+    assert stop.requested
+    with pytest.raises(KeyboardInterrupt):
+        stop._on_interrupt(2, None)
+
+
 def test_drafter_for_another_target_is_refused(trained, tiny_dirs):
     _, _, out = trained
     other = load_model(str(tiny_dirs["long"]), "float32")  # same tokenizer, other weights

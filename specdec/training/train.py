@@ -25,7 +25,9 @@ held-out sequences (every 20th).
 from __future__ import annotations
 
 import math
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 
@@ -313,6 +315,33 @@ def _device(net: DraftNet) -> torch.device:
     return net.vocab.device
 
 
+class StopRequest:
+    """Ctrl-C during training asks the loop to stop after the step in progress, so that the steps done so far are
+    measured and saved rather than lost; a second Ctrl-C raises KeyboardInterrupt at once. Only in the main
+    thread (where Python runs signal handlers); elsewhere Ctrl-C is left alone."""
+
+    def __init__(self, announce=lambda: None):
+        self.requested = False
+        self._announce = announce
+        self._previous = None
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_interrupt)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def _on_interrupt(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self._announce()
+
+
 def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: bool = True,
           start: DraftNet | None = None, sets: dict[str, range] | None = None) -> DraftNet:
     """Train a drafter of `recipe.kind` for `target` (a LoadedModel) on `data`; returns it in float32.
@@ -374,31 +403,36 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
     step, smooth, shown = 0, None, 0
     first_loss = None
     net.train()
-    while done_fraction(step) < 1.0:
-        fraction = done_fraction(step)
-        scale = min(1.0, (step + 1) / recipe.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, fraction))))
-        for group in optimizer.param_groups:
-            group["lr"] = recipe.lr * scale
-        with autocast:
-            loss = objective.loss(train_windows.batch(recipe.batch))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-        optimizer.step()
-        step += 1
-        value = float(loss.detach())
-        first_loss = value if first_loss is None else first_loss
-        smooth = value if smooth is None else 0.95 * smooth + 0.05 * value
-        if step % recipe.eval_every == 0:
-            net.eval()
-            alpha0, alpha1 = objective.measure(eval_batch)
-            net.train()
-            history.append({"step": step, "loss": smooth, "alpha_t0": alpha0, "alpha_t1": alpha1})
-        bar.set_postfix(loss=f"{smooth:.3f}", a_T0=f"{alpha0:.2f}", a_T1=f"{alpha1:.2f}")
-        now = step if recipe.steps else int(time.perf_counter() - start)
-        bar.update(now - shown)
-        shown = now
+    stop = StopRequest(lambda: log(f"{recipe.kind}: interrupted: stopping after the step in progress, then measuring and "
+                                   "keeping the drafter trained so far (Ctrl-C again to abandon it)"))
+    with stop:
+        while done_fraction(step) < 1.0 and not stop.requested:
+            fraction = done_fraction(step)
+            scale = min(1.0, (step + 1) / recipe.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, fraction))))
+            for group in optimizer.param_groups:
+                group["lr"] = recipe.lr * scale
+            with autocast:
+                loss = objective.loss(train_windows.batch(recipe.batch))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optimizer.step()
+            step += 1
+            value = float(loss.detach())
+            first_loss = value if first_loss is None else first_loss
+            smooth = value if smooth is None else 0.95 * smooth + 0.05 * value
+            if step % recipe.eval_every == 0:
+                net.eval()
+                alpha0, alpha1 = objective.measure(eval_batch)
+                net.train()
+                history.append({"step": step, "loss": smooth, "alpha_t0": alpha0, "alpha_t1": alpha1})
+            bar.set_postfix(loss=f"{smooth:.3f}", a_T0=f"{alpha0:.2f}", a_T1=f"{alpha1:.2f}")
+            now = step if recipe.steps else int(time.perf_counter() - start)
+            bar.update(now - shown)
+            shown = now
     bar.close()
+    if step == 0:  # interrupted before a step was done: nothing to keep
+        raise KeyboardInterrupt
     net.eval()
     alpha0, alpha1 = objective.measure(eval_batch)
     history.append({"step": step, "loss": smooth, "alpha_t0": alpha0, "alpha_t1": alpha1})
@@ -413,9 +447,10 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
                 f"answer positions): α (T=0) by draft position {by_set[name]['alpha_t0']}, Σmin(p,q) (T=1) "
                 f"{by_set[name]['alpha_t1']}")
     net.config.recipe = {**asdict(recipe), "trained_parameters": size, "vocab_mass_covered": covered,
-                         "steps_done": step, "seconds": seconds,
+                         "steps_done": step, "seconds": seconds, "interrupted": stop.requested,
                          "first_loss": first_loss, "final_loss": smooth, "initialised_from_target": initialised,
                          "history": history, "held_out": by_set}
-    log(f"{recipe.kind}: {step} steps in {seconds:.0f} s, loss {first_loss:.3f} -> {smooth:.3f}, "
+    log(f"{recipe.kind}: {step} steps{' (interrupted)' if stop.requested else ''} in {seconds:.0f} s, "
+        f"loss {first_loss:.3f} -> {smooth:.3f}, "
         f"held-out α (T=0) {alpha0:.3f}, Σmin(p,q) (T=1) {alpha1:.3f}")
     return net
