@@ -37,6 +37,35 @@ def tiny_llama(vocab_size: int = 40, layers: int = 2, seed: int = 0, max_positio
     return LlamaForCausalLM(config).eval()
 
 
+def tiny_llama_family(kind: str, vocab_size: int = 40, seed: int = 0, sliding_window: int = 8, head_dim: int = 8):
+    """A random Mistral (a sliding window on every layer), Qwen2 (biases on Q, K, V; the window on its last
+    layer) or Qwen3 (per-head q/k norms, whose weights are randomised as training would leave them) causal LM."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    shared = dict(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=256, initializer_range=0.3,
+                  eos_token_id=None, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
+    if kind == "mistral":
+        model = MistralForCausalLM(MistralConfig(sliding_window=sliding_window, **shared))
+    elif kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(use_sliding_window=True, sliding_window=sliding_window, max_window_layers=1,
+                                             **shared))
+        with torch.no_grad():  # transformers starts biases at zero: make them count
+            for layer in model.model.layers:
+                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    proj.bias.normal_(0, 0.5)
+    elif kind == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(**shared))
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.q_norm.weight.uniform_(0.5, 1.5)
+                layer.self_attn.k_norm.weight.uniform_(0.5, 1.5)
+    else:
+        raise ValueError(kind)
+    return model.eval()
+
+
 def tiny_gemma3(vocab_size: int = 40, seed: int = 0, sliding_window: int = 8, head_dim: int = 8):
     """A random Gemma-3 text model with sliding-window layers, to test rollback across the window."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
@@ -87,13 +116,16 @@ CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}\n{
 
 
 def save_tiny_model(directory: Path, chars: list[str] = CHARS, seed: int = 0, layers: int = 2,
-                    max_positions: int = 256, chat: bool = False) -> Path:
-    """A loadable model directory: tiny random Llama + character tokenizer whose eos is the last id
-    (with a minimal chat template if asked)."""
+                    max_positions: int = 256, chat: bool = False, kind: str = "llama") -> Path:
+    """A loadable model directory: tiny random Llama (or `kind`: tiny_llama_family's, 2 layers, 256
+    positions) + character tokenizer whose eos is the last id (with a minimal chat template if asked)."""
     tokenizer = char_tokenizer(chars)
     if chat:
         tokenizer.chat_template = CHAT_TEMPLATE
-    model = tiny_llama(vocab_size=len(chars) + 1, layers=layers, seed=seed, max_positions=max_positions)
+    if kind == "llama":
+        model = tiny_llama(vocab_size=len(chars) + 1, layers=layers, seed=seed, max_positions=max_positions)
+    else:
+        model = tiny_llama_family(kind, vocab_size=len(chars) + 1, seed=seed)
     model.config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.save_pretrained(directory)

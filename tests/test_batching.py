@@ -4,7 +4,7 @@ alone, whoever shares its steps, whenever it joins, however its prompt is chunke
 import pytest
 import torch
 
-from helpers import tiny_gemma3, tiny_llama
+from helpers import tiny_gemma3, tiny_llama, tiny_llama_family
 from specdec.backends import LeanBackend, Step, TransformersBackend
 from specdec.batching import Batch, SpeculationChoice
 from specdec.config import SamplingParams, SpecConfig
@@ -19,7 +19,9 @@ VOCAB = 40
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 9, 4, 5, 6, 1, 2], [5, 6, 7, 8] * 5, [3, 3, 1, 2, 9, 9, 9, 1, 2],
            list(range(1, 30)), [7, 7, 7, 2]]
 ARCHITECTURES = {"llama": lambda seed: tiny_llama(VOCAB, seed=seed),
-                 "gemma3": lambda seed: tiny_gemma3(VOCAB, seed=seed, sliding_window=8)}
+                 "gemma3": lambda seed: tiny_gemma3(VOCAB, seed=seed, sliding_window=8),
+                 "qwen2": lambda seed: tiny_llama_family("qwen2", VOCAB, seed=seed, sliding_window=8),
+                 "qwen3": lambda seed: tiny_llama_family("qwen3", VOCAB, seed=seed)}
 SAMPLINGS = {"greedy": SamplingParams(temperature=0), "seeded": SamplingParams.for_request(1.0, 0, 0.9, 123)}
 
 

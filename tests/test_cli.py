@@ -34,6 +34,18 @@ def test_generate_tiny_model_json(tiny_dirs):
         assert field in out["stats"]
 
 
+@pytest.mark.parametrize("kind", ["mistral", "qwen2", "qwen3"])
+def test_generate_runs_llama_family_models_on_the_lean_path(tmp_path, capsys, kind):
+    """A user's Mistral, Qwen2 or Qwen3 directory: the lean backend, exact at T = 0."""
+    from helpers import save_tiny_model
+
+    directory = save_tiny_model(tmp_path / kind, kind=kind, seed=1)
+    assert main(["generate", "abc abc ab", "--target", str(directory), "--no-chat", "--dtype", "float32",
+                 "--max-new-tokens", "12", "--gamma", "3", "--compare", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["identical"] is True and out["stats"]["path"] == "lean"
+
+
 def test_generate_with_draft_model_streams_text_and_summary(tiny_dirs):
     proc = run_cli("generate", "the cat sat", "--target", str(tiny_dirs["target"]), "--drafter",
                    f"model:{tiny_dirs['draft']}", "--no-chat", "--dtype", "float32", "--max-new-tokens", "10",

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import tiny_gemma3, tiny_llama
+from helpers import tiny_gemma3, tiny_llama, tiny_llama_family
 from specdec.backends import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
 from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, PromptLookupDrafter
@@ -12,7 +12,11 @@ from specdec.errors import SpecdecError
 
 VOCAB = 40
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 9, 4, 5, 6, 1, 2]  # repeats, so prompt lookup has matches
-ARCHITECTURES = [lambda: tiny_llama(VOCAB, seed=0), lambda: tiny_gemma3(VOCAB, seed=0, sliding_window=8)]
+ARCHITECTURES = [lambda: tiny_llama(VOCAB, seed=0), lambda: tiny_gemma3(VOCAB, seed=0, sliding_window=8),
+                 lambda: tiny_llama_family("mistral", VOCAB, seed=0, sliding_window=8),
+                 lambda: tiny_llama_family("qwen2", VOCAB, seed=0, sliding_window=8),
+                 lambda: tiny_llama_family("qwen3", VOCAB, seed=0)]
+ARCHITECTURE_NAMES = ["llama", "gemma3", "mistral", "qwen2", "qwen3"]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +66,7 @@ def test_greedy_parity_gemma3_sliding_window_rollback():
     assert run.stats.rejections > 0
 
 
-@pytest.mark.parametrize("make", ARCHITECTURES, ids=["llama", "gemma3"])
+@pytest.mark.parametrize("make", ARCHITECTURES, ids=ARCHITECTURE_NAMES)
 def test_rollback_equals_recompute(make):
     model = make()
     ids = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(0))
@@ -158,7 +162,7 @@ def test_cancel_stops_work(target):
     assert run.stats.new_tokens == 1
 
 
-@pytest.mark.parametrize("make", ARCHITECTURES, ids=["llama", "gemma3"])
+@pytest.mark.parametrize("make", ARCHITECTURES, ids=ARCHITECTURE_NAMES)
 def test_prefill_reuses_prefix_exactly(make):
     model = make()
     ids = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(1))

@@ -4,7 +4,7 @@ greedy parity; unknown architectures fall back to transformers."""
 import pytest
 import torch
 
-from helpers import tiny_gemma3, tiny_llama
+from helpers import tiny_gemma3, tiny_llama, tiny_llama_family
 from specdec.backends import TransformersBackend
 from specdec.backends.lean import LeanBackend, make_backend
 from specdec.config import SamplingParams, SpecConfig
@@ -13,7 +13,9 @@ from specdec.engine import SpeculativeEngine
 
 VOCAB = 40
 MODELS = {"llama": lambda seed=0: tiny_llama(VOCAB, seed=seed),
-          "gemma3": lambda seed=0: tiny_gemma3(VOCAB, seed=seed, sliding_window=8)}
+          "gemma3": lambda seed=0: tiny_gemma3(VOCAB, seed=seed, sliding_window=8),
+          **{kind: (lambda seed=0, kind=kind: tiny_llama_family(kind, VOCAB, seed=seed, sliding_window=8))
+             for kind in ("mistral", "qwen2", "qwen3")}}
 
 
 @pytest.mark.parametrize("arch", MODELS)
@@ -63,6 +65,19 @@ def test_unknown_architecture_falls_back():
     backend = make_backend(model)
     assert backend.path == "transformers"
     assert backend.forward(torch.tensor([1, 2, 3])).shape == (3, VOCAB)
+
+
+def test_biases_the_lean_path_does_not_add_fall_back_to_transformers():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specdec.errors import SpecdecError
+
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, attention_bias=True)  # on q, k, v and o: o's is not added
+    model = LlamaForCausalLM(config).eval()
+    assert make_backend(model).path == "transformers"
+    with pytest.raises(SpecdecError, match="biases on its attention output or MLP"):
+        make_backend(model, prefer="lean")
 
 
 @pytest.mark.slow

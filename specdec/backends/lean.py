@@ -1,4 +1,5 @@
-"""A lean forward pass for the Llama and Gemma-3 architectures, on the same weights as transformers.
+"""A lean forward pass for the Llama, Mistral, Qwen2, Qwen3 and Gemma-3 architectures, on the same weights as
+transformers.
 
 Every target step pays Python dispatch across all layers; transformers adds cache bookkeeping,
 mask construction and module hooks on top (~45 ms per SmolLM2-135M step here, of which the
@@ -52,11 +53,27 @@ from ..modeling.packing import can_pack, pack, packed_linear
 from .base import Backend, Step
 from .gguf import GGUFWeights, choose_weights
 
-SUPPORTED = ("llama", "gemma3_text")
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+"""transformers' model_type of each architecture the lean path runs: Llama's layer, with a bias on the QKV
+projection (Qwen2), per-head q/k norms (Qwen3), sliding windows (Mistral, Qwen2's layer_types), or Gemma-3's."""
+ON_KERNELS = ("llama", "mistral", "gemma3_text")
+"""Those whose bf16 passes kernels.cpp runs (the others' bf16 passes run on ATen, the weights pre-packed)."""
+
+
+def unsupported_reason(model) -> str | None:
+    """Why the lean path cannot run `model` (None: it can)."""
+    kind = getattr(model.config, "model_type", None)
+    if kind not in SUPPORTED:
+        return f"the lean backend knows {', '.join(SUPPORTED)}, not {kind!r}"
+    layer = model.model.layers[0]
+    if layer.self_attn.o_proj.bias is not None or any(
+            getattr(layer.mlp, name).bias is not None for name in ("gate_proj", "up_proj", "down_proj")):
+        return f"this {kind} model has biases on its attention output or MLP, which the lean backend does not add"
+    return None
 
 
 def supports(model) -> bool:
-    return getattr(model.config, "model_type", None) in SUPPORTED
+    return unsupported_reason(model) is None
 
 
 class LeanBackend(Backend):
@@ -80,13 +97,15 @@ class LeanBackend(Backend):
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = config.max_position_embeddings
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        attn = model.model.layers[0].self_attn
         self.arch = Arch(n_heads=config.num_attention_heads, n_kv=config.num_key_value_heads, head_dim=head_dim,
                          scale=(config.query_pre_attn_scalar ** -0.5) if self.gemma else 1 / math.sqrt(head_dim),
-                         eps=config.rms_norm_eps, gemma=self.gemma)
+                         eps=config.rms_norm_eps, gemma=self.gemma,
+                         head_norms=not self.gemma and getattr(attn, "q_norm", None) is not None)
         self.softcap = getattr(config, "final_logit_softcapping", None)
         inner = model.model
         bf16_cpu = self.dtype == torch.bfloat16 and self.device.type == "cpu"
-        kern = kernels.load() if bf16_cpu and use_kernels else None
+        kern = kernels.load() if bf16_cpu and use_kernels and config.model_type in ON_KERNELS else None
         self.packed = (self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float32) and kern is None
                        and can_pack(self.dtype))
         self.tiles = kern is not None and kern.tiles and use_tiles
@@ -103,6 +122,8 @@ class LeanBackend(Backend):
                 raise SpecdecError("GGUF weights run on the CPU with float32 activations: load the model in float32")
             if quant.load() is None:
                 raise SpecdecError(f"the GGUF kernels cannot run here: {quant.unavailable_reason()}")
+            if config.model_type not in ON_KERNELS:  # quant.cpp's layer adds no bias and norms q/k as Gemma does
+                raise SpecdecError(f"GGUF blocks run Llama, Mistral and Gemma-3 layers, not {config.model_type}")
             self.gguf = gguf if isinstance(gguf, GGUFWeights) else GGUFWeights.read(Path(gguf))
             self.path = "lean+gguf-int8" if int8_activations else "lean+gguf"
             # int8 activations on the packed kernels (AVX2, AVX-512 VNNI, AMX-INT8 for many rows): the
@@ -166,7 +187,9 @@ class LeanBackend(Backend):
             window = config.sliding_window if kind == "sliding_attention" else None
         else:
             norms["mlp_in"] = self._norm_weight(layer.post_attention_layernorm.weight)
-            kind, window = "default", None
+            if self.arch.head_norms:
+                norms.update(q=self._norm_weight(attn.q_norm.weight), k=self._norm_weight(attn.k_norm.weight))
+            kind, window = "default", sliding_window(config, index)
         blocks = self.gguf.layer if self.gguf else (lambda *_, **__: None)
         heads = {"q": config.num_attention_heads, "k": config.num_key_value_heads}
         qkv = [blocks(index, part, heads[part] if part in heads else None) for part in ("q", "k", "v")]
@@ -175,7 +198,8 @@ class LeanBackend(Backend):
             wqkv=self._weight(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), *qkv),
             wo=self._weight(attn.o_proj.weight, blocks(index, "o")),
             wgu=self._weight(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), *gate_up),
-            wdown=self._weight(mlp.down_proj.weight, blocks(index, "down")), norms=norms, rope=kind, window=window)
+            wdown=self._weight(mlp.down_proj.weight, blocks(index, "down")), norms=norms, rope=kind, window=window,
+            bqkv=qkv_bias(attn))
 
     def _weight(self, weight: torch.Tensor, *blocks: quant.QuantWeight | None):
         """A matrix as the decoder multiplies it: the GGUF blocks of its parts when every part has
@@ -276,6 +300,27 @@ class LeanBackend(Backend):
         return out
 
 
+def sliding_window(config, index: int) -> int | None:
+    """Layer `index`'s attention window as transformers applies it: by config.layer_types where the config
+    has them (Qwen2: "sliding_attention" layers when use_sliding_window), else config.sliding_window on every
+    layer (Mistral; None: full attention)."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return config.sliding_window if layer_types[index] == "sliding_attention" else None
+    return getattr(config, "sliding_window", None)
+
+
+def qkv_bias(attn) -> torch.Tensor | None:
+    """The Q, K and V projections' biases as one (Qwen2), None where they have none."""
+    biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+    if all(b is None for b in biases):
+        return None
+    if any(b is None for b in biases):
+        raise SpecdecError("a model whose Q, K and V projections have a bias on some but not all is not supported "
+                           "by the lean backend: use --backend transformers")
+    return torch.cat([b.detach() for b in biases])
+
+
 def make_backend(model, prefer: str = "auto", gguf: Path | None = None, int8_activations: bool = False) -> Backend:
     """The lean path for architectures it knows (unless prefer="transformers"), else transformers.
     gguf: read the linear layers' weights from this GGUF file's blocks (lean only; backends/gguf.py),
@@ -287,8 +332,7 @@ def make_backend(model, prefer: str = "auto", gguf: Path | None = None, int8_act
     if prefer != "transformers" and supports(model):
         return LeanBackend(model, gguf=gguf, int8_activations=int8_activations)
     if prefer == "lean":
-        raise SpecdecError(f"the lean backend knows {', '.join(SUPPORTED)}, not {model.config.model_type!r}: "
-                           "use --backend transformers")
+        raise SpecdecError(f"{unsupported_reason(model)}: use --backend transformers")
     return TransformersBackend(model)
 
 

@@ -53,7 +53,8 @@ from .nets import DraftConfig, DraftNet
 FORMATS = ("eagle3", "speculators")
 WEIGHTS_FILE = "model.safetensors"
 PREFIX = {"eagle3": "midlayer.", "speculators": "layers.0."}
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "gemma3": "Gemma3ForConditionalGeneration"}
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM", "gemma3": "Gemma3ForConditionalGeneration"}
 """The verifier's architecture by the target's model_type (the speculators layout names it)."""
 
 

@@ -1,5 +1,5 @@
 """The one model implementation: a KV cache written by position, RoPE tables, and a decoder layer
-that runs on ATen or on kernels.cpp. The lean backend (Llama, Gemma-3 targets) and the trained
+that runs on ATen or on kernels.cpp. The lean backend (Llama, Mistral, Qwen2, Qwen3, Gemma-3 targets) and the trained
 drafters' networks are both built from it."""
 
 from .cache import KVCache

@@ -1,6 +1,6 @@
-"""The decoder layer both the targets (Llama, Gemma-3) and the trained drafters are built from.
+"""The decoder layer both the targets (Llama, Mistral, Qwen2, Qwen3, Gemma-3) and the trained drafters are built from.
 
-One layer: RMSNorm -> fused QKV -> (Gemma: q/k norms) -> RoPE -> attention -> output projection
+One layer: RMSNorm -> fused QKV (Qwen2: + bias) -> (Gemma, Qwen3: q/k norms) -> RoPE -> attention -> output projection
 (Gemma: norm after) -> residual -> RMSNorm -> fused gate/up -> act(gate)·up -> down (Gemma: norm
 after) -> residual. It runs on two paths with the same rounding points as transformers:
 
@@ -51,6 +51,13 @@ class Arch:
     eps: float
     gemma: bool = False
     """Gemma-3's layer: (1 + w) norms in float32, q/k norms, norms after attention and MLP, tanh GELU."""
+    head_norms: bool = False
+    """Qwen3's RMSNorm over each head of q and k before RoPE (rounded as Llama's norms; Gemma-3 has them too)."""
+
+    @property
+    def qk_norm(self) -> bool:
+        """Whether q and k are normed per head before RoPE (weights norms["q"], norms["k"])."""
+        return self.gemma or self.head_norms
 
     def act(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x, approximate="tanh") if self.gemma else F.silu(x)
@@ -63,11 +70,14 @@ class LayerWeights:
     wgu: torch.Tensor  # (2*ffn, d)
     wdown: torch.Tensor  # (d, ffn)
     norms: dict[str, torch.Tensor] = field(default_factory=dict)
-    """attn_in and mlp_in; Gemma also q, k, attn_out, mlp_out (its "1 + w" folded in, float32)."""
+    """attn_in and mlp_in; Gemma also q, k, attn_out, mlp_out (its "1 + w" folded in, float32); Qwen3 q, k."""
     rope: str = "default"
     """Which RoPE table ("default", or Gemma's "sliding_attention"/"full_attention")."""
     window: int | None = None
     """Sliding window, None for full attention."""
+    bqkv: torch.Tensor | None = None
+    """The fused QKV projection's bias (Qwen2), None without one. Only layer_aten adds it: a model with one
+    runs its passes there (LeanBackend keeps it off kernels.cpp and quant.cpp)."""
 
 
 @dataclass
@@ -127,15 +137,17 @@ def layer_aten(h: torch.Tensor, w: LayerWeights, arch: Arch, cos: torch.Tensor, 
     hq, hkv = arch.n_heads * hd, arch.n_kv * hd
     x = rms_norm(h, w.norms["attn_in"], arch, rows) if attn_input is None else attn_input
     qkv = linear(x, w.wqkv)  # (B, T, hq + 2 hkv)
+    if w.bqkv is not None:
+        qkv = qkv + w.bqkv
     fused = rows is not None and qkv.dtype == torch.float32 and hd % 16 == 0 and qkv.is_contiguous()
     if fused:  # q/k norms and RoPE in place, before the heads are split
-        rows.qk_rope_(qkv, cos, sin, arch.n_heads, arch.n_kv, hd, w.norms["q"] if arch.gemma else _NONE,
-                      w.norms["k"] if arch.gemma else _NONE, arch.eps)
+        rows.qk_rope_(qkv, cos, sin, arch.n_heads, arch.n_kv, hd, w.norms["q"] if arch.qk_norm else _NONE,
+                      w.norms["k"] if arch.qk_norm else _NONE, arch.eps)
     q = qkv[..., :hq].view(b, t, arch.n_heads, hd).transpose(1, 2)  # (B, Hq, T, hd)
     k = qkv[..., hq : hq + hkv].view(b, t, arch.n_kv, hd).transpose(1, 2)  # (B, Hkv, T, hd)
     v = qkv[..., hq + hkv :].view(b, t, arch.n_kv, hd).transpose(1, 2)
     if not fused:
-        if arch.gemma:
+        if arch.qk_norm:
             q, k = rms_norm(q, w.norms["q"], arch), rms_norm(k, w.norms["k"], arch)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     o = linear(attend(q, k, v).transpose(1, 2).reshape(b, t, hq), w.wo)
