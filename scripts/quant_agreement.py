@@ -1,7 +1,8 @@
 """How far a built-in target on its GGUF blocks agrees with the same target on its dequantised float
 weights: greedy tokens until the first difference, and perplexity on held-out text, for the float path,
 the blocks with float32 activations (`--weights gguf`) and with int8 activations (`--weights gguf-int8`),
-plus one decode step's time on each.
+and the float weights quantised at load as `--weights q8_0` and `q4_0` quantise a user's model, plus one
+decode step's time on each.
 
     .venv/bin/python scripts/quant_agreement.py [--target smollm2-135m] [--prompts 8] [--tokens 128]
 """
@@ -16,7 +17,8 @@ import time
 import torch
 
 from specdec.backends import make_backend
-from specdec.config import SamplingParams, SpecConfig
+from specdec.backends.gguf import QuantisedWeights
+from specdec.config import QUANTISED_WEIGHTS, SamplingParams, SpecConfig
 from specdec.corpus import man_pages
 from specdec.engine import SpeculativeEngine
 from specdec.models import load_model
@@ -66,7 +68,9 @@ def main() -> None:
     eos = loaded.eos_token_ids
     paths = {"float": make_backend(loaded.model, "lean"),
              "gguf": make_backend(loaded.model, "lean", gguf=loaded.gguf),
-             "gguf-int8": make_backend(loaded.model, "lean", gguf=loaded.gguf, int8_activations=True)}
+             "gguf-int8": make_backend(loaded.model, "lean", gguf=loaded.gguf, int8_activations=True),
+             **{choice: make_backend(loaded.model, "lean", gguf=QuantisedWeights(loaded.model, kind), int8_activations=True)
+                for choice, kind in QUANTISED_WEIGHTS.items()}}
     prompts = [p for task in ("chat", "code", "summarise", "translate")
                for p in task_prompts(task, max(1, args.prompts // 4), seed=11)]
     reference = {}

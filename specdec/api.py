@@ -52,9 +52,10 @@ class SpecDec:
     trained drafter ships for the target, that drafter for sampled ones; measured faster so).
     backend: auto (the lean forward pass where the architecture is known, else transformers),
     lean or transformers.
-    weights: auto, gguf, gguf-int8 or float (config.WEIGHTS): whether a built-in target's linear layers
-    read the GGUF file's own blocks, and with which activations (auto: int8 where the blocks run; the
-    self-q4 drafter needs the target on float weights: auto then means float).
+    weights: auto, gguf, gguf-int8, float, q8_0 or q4_0 (config.WEIGHTS): whether a built-in target's linear
+    layers read the GGUF file's own blocks, and with which activations (auto: int8 where the blocks run; the
+    self-q4 drafter needs the target on float weights: auto then means float); q8_0 / q4_0 quantise any
+    lean-backend target's float weights at load to those blocks (int8 activations).
     """
 
     def __init__(self, target: str = "smollm2-135m", drafter: str = "auto", dtype: str = "auto", device: str = "cpu",

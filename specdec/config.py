@@ -29,13 +29,17 @@ DRAFTER_SYNTAX = ("auto, prompt-lookup, prompt-lookup-tree, suffix, ngram[:TABLE
                   "or a trained drafter's directory")
 """How a drafter is named everywhere (CLI, API, server, bench): KIND or KIND:ARGUMENT."""
 
-WEIGHTS = ("auto", "gguf", "gguf-int8", "float")
-"""--weights: where a built-in (GGUF) target's linear layers read their weights. gguf: the file's own
+WEIGHTS = ("auto", "gguf", "gguf-int8", "float", "q8_0", "q4_0")
+"""--weights: where a target's linear layers read their weights. gguf: a built-in (GGUF) target's own
 4/8-bit blocks (backends/gguf.py) times float32 activations, the float model's exact weights; gguf-int8:
 the blocks times activations quantised to int8 per 32 (llama.cpp's arithmetic: faster at every row count,
-and a slightly different model: perplexity +0-0.5 %); float: the dequantised weights in --dtype; auto:
+and a slightly different model: perplexity +0-0.5 %); float: the (dequantised) weights in --dtype; auto:
 gguf-int8 where it was measured faster (float32 activations chosen by --dtype auto, the lean backend,
-quant.cpp runs), else float."""
+quant.cpp runs), else float. q8_0, q4_0: any model the lean backend runs, its float weights quantised at
+load to llama.cpp's Q8_0 or Q4_0 blocks (ggml's rounding), times int8 activations: a quantised model, as
+llama.cpp would run it, read at ~1.06 or ~0.56 bytes a weight instead of 4 (speculation is exact for it)."""
+QUANTISED_WEIGHTS = {"q8_0": "Q8_0", "q4_0": "Q4_0"}
+"""The --weights that quantise a float model at load, and the GGUF block type each makes."""
 
 
 def parse_drafter(spec: str) -> tuple[str, str | None]:

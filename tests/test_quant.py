@@ -3,11 +3,13 @@ products up to the order of fp32 sums, a row's result never depends on how many 
 together, the built-in file's blocks are exactly the weights transformers loaded, and speculative
 decoding on them emits what plain decoding does."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
-from helpers import built_extension, check_tree_path_scores_like_steps, tiny_gemma3, tiny_llama
+from helpers import built_extension, check_tree_path_scores_like_steps, tiny_gemma3, tiny_llama, tiny_llama_family
 from specdec.backends.gguf import GGUFWeights, choose_weights
 from specdec.backends.lean import LeanBackend, target_backend
 from specdec.batching import Batch
@@ -563,6 +565,81 @@ def test_builtin_on_blocks_keeps_greedy_parity(kernels, builtin_model):
     assert spec.tokens == expected
 
 
+QUANTISED = {"llama": lambda: tiny_llama(40, seed=3, head_dim=16),  # layers in one quant.cpp call
+             "qwen2": lambda: tiny_llama_family("qwen2", 40, seed=3, head_dim=16),  # QKV bias: layer_aten, products on blocks
+             "qwen3": lambda: tiny_llama_family("qwen3", 40, seed=3, head_dim=16)}  # its head norms: the same
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
+def test_quantised_weights_are_the_float_weights_in_blocks(kernels, kind):
+    """--weights q8_0 / q4_0: every matrix a whole number of blocks wide becomes blocks of `kind` that dequantise
+    to within a block's rounding step of the float weights; the rest stay float."""
+    from specdec.backends.gguf import QuantisedWeights
+
+    model = QUANTISED["qwen2"]()
+    weights = QuantisedWeights(model, kind)
+    # a block's scale d is its largest magnitude over 127 (Q8_0) or 8 (Q4_0: codes -8..7, so the side opposite
+    # the largest reaches 7 d: up to d off there), stored in float16
+    levels, bound = {"Q8_0": (127, 0.6), "Q4_0": (8, 1.01)}[kind]
+    for index, layer in enumerate(model.model.layers):
+        for part, module in (("q", layer.self_attn.q_proj), ("down", layer.mlp.down_proj)):
+            w = weights.layer(index, part)
+            assert w.kind == quant.KINDS[kind] and quant.shape(w) == tuple(module.weight.shape)
+            float_weight = module.weight.detach().float()
+            step = float_weight.view(-1, 32).abs().amax(1, keepdim=True) / levels  # a block's scale
+            assert ((quant.dequantize(w).view(-1, 32) - float_weight.view(-1, 32)).abs() <= step * bound + 1e-7).all()
+    assert weights.lm_head() is not None
+    assert QuantisedWeights(tiny_llama(40, seed=3, head_dim=16).float(), kind).layer(0, "q") is not None
+
+
+@pytest.mark.parametrize("arch", list(QUANTISED))
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
+def test_speculative_equals_plain_on_quantised_weights(kernels, arch, kind):
+    """A user's model on its own weights quantised at load: speculation stays exact for the quantised model
+    (chains and trees), and a tree's accepted path scores what one-position steps score, to the bit."""
+    from specdec.backends.gguf import QuantisedWeights
+
+    model = QUANTISED[arch]()
+    backend = LeanBackend(model, gguf=QuantisedWeights(model, kind), int8_activations=True)
+    assert backend.path.startswith(f"lean+{kind.lower()}-int8") and kind in backend.numeric_path(1)
+    assert (backend.decoder.layer_step is not None) == (arch == "llama")
+    prompt = [int(t) for t in torch.randint(0, 40, (24,), generator=torch.Generator().manual_seed(5))] * 2
+    expected = SpeculativeEngine(backend, None).generate(prompt, SamplingParams(),
+                                                         SpecConfig(gamma=0, max_new_tokens=40)).run().tokens
+    for drafter in (PromptLookupDrafter(), PromptLookupTreeDrafter()):
+        run = SpeculativeEngine(backend, drafter).generate(prompt, SamplingParams(),
+                                                          SpecConfig(gamma=3, max_new_tokens=40)).run()
+        assert run.tokens == expected, type(drafter).__name__
+    check_tree_path_scores_like_steps(LeanBackend(model, gguf=QuantisedWeights(model, kind), int8_activations=True))
+
+
+def test_self_q4_quantises_a_users_float_model_to_draft_for_it(kernels, tiny_dirs, capsys):
+    """--drafter self-q4 on a model with no GGUF file: its own weights in Q4_0 draft for it, the output the
+    float model's greedy output."""
+    from specdec.cli import main
+
+    assert main(["generate", "abc abc ab", "--target", str(tiny_dirs["target"]), "--no-chat", "--drafter", "self-q4",
+                 "--max-new-tokens", "12", "--gamma", "3", "--compare", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["identical"] is True and out["stats"]["drafter"] == "model:self-q4" and out["stats"]["drafted"] > 0
+
+
+def test_cli_quantised_weights(tiny_dirs, capsys):
+    """--weights q8_0 on a user's directory runs (float32 under --dtype auto) and says so; what stands in its way
+    is a clear error."""
+    from specdec.cli import main
+
+    assert main(["generate", "abc abc ab", "--target", str(tiny_dirs["target"]), "--no-chat", "--weights", "q8_0",
+                 "--max-new-tokens", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["path"].startswith("lean+q8_0-int8")
+    for extra, needle in ((["--dtype", "bfloat16"], "float32 activations"),
+                          (["--backend", "transformers"], "transformers backend runs float weights only")):
+        assert main(["generate", "abc", "--target", str(tiny_dirs["target"]), "--no-chat", "--weights", "q4_0",
+                     *extra]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("specdec: error: --weights q4_0") and needle in err, err
+
+
 def test_choosing_weights():
     path = object()
     f32 = torch.float32
@@ -601,6 +678,10 @@ def test_dtype_auto_is_float32_where_the_blocks_are_asked_for():
     assert load_dtype("auto", "gguf", "smollm2-135m", backend="transformers") == "auto"
     assert load_dtype("auto", "float", "smollm2-135m") == "auto"
     assert load_dtype("auto", "auto", "smollm2-135m") == ("float32" if quant.packed_int8() else "auto")
+    for weights in ("q8_0", "q4_0"):  # any target: the blocks take float32 activations
+        assert load_dtype("auto", weights, "/some/hf/dir") == "float32"
+        assert load_dtype("bfloat16", weights, "/some/hf/dir") == "bfloat16"  # then quantised_weights says why not
+        assert load_dtype("auto", weights, "/some/hf/dir", backend="transformers") == "auto"
 
 
 def test_self_q4_drafts_for_the_float_target(kernels, builtin_model):
@@ -627,7 +708,7 @@ def test_cli_weights_errors_are_clear(tiny_dirs):
 
     proc = run_cli("generate", "hello", "--target", str(tiny_dirs["target"]), "--weights", "gguf", "--max-new-tokens", "4")
     assert_clean_error(proc, "--weights gguf", "not a built-in GGUF model")
-    proc = run_cli("generate", "hello", "--target", str(tiny_dirs["target"]), "--drafter", "self-q4")
-    assert_clean_error(proc, "--drafter self-q4", "not a built-in GGUF model")
+    proc = run_cli("generate", "hello", "--target", str(tiny_dirs["target"]), "--drafter", "self-q4", "--dtype", "bfloat16")
+    assert_clean_error(proc, "--weights q4_0", "float32 activations")  # self-q4 quantises a user's model to Q4_0
     proc = run_cli("generate", "hello", "--weights", "int3")
     assert_clean_error(proc, "--weights", "int3")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import BUILTIN_TARGETS, WEIGHTS
+from ..config import BUILTIN_TARGETS, QUANTISED_WEIGHTS, WEIGHTS
 from ..errors import SpecdecError
 from ..modeling import quant
 
@@ -177,6 +177,51 @@ class GGUFWeights:
         return self.tensors.get("token_embd.weight")
 
 
+class QuantisedWeights:
+    """A float model's linear layers and LM head quantised at load to one GGUF block type (`--weights q8_0`,
+    `q4_0`), served to the lean backend as GGUFWeights serves a file's: by layer and projection, in
+    transformers' row order. Matrices that are not a whole number of blocks wide keep their float weights
+    (the backend's numeric_path says how much ran on blocks)."""
+
+    def __init__(self, model, kind: str):
+        self.kind, self.arch = kind, model.config.model_type
+        self.path = None  # no file: what the blocks stand for is the model in memory
+        width = quant.block_width(kind)
+
+        def blocks(weight: torch.Tensor) -> quant.QuantWeight | None:
+            return quant.quantize(weight, kind) if weight.shape[-1] % width == 0 else None
+
+        names = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+                 "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+        with torch.no_grad():
+            self.layers = [{part: blocks(layer.get_submodule(name).weight) for part, name in names.items()}
+                           for layer in model.model.layers]
+            self.head = blocks(model.get_output_embeddings().weight)
+
+    def layer(self, index: int, part: str, heads: int | None = None) -> quant.QuantWeight | None:
+        return self.layers[index][part]
+
+    def lm_head(self) -> quant.QuantWeight | None:
+        return self.head
+
+
+def quantised_weights(choice: str, model, dtype: torch.dtype, backend: str) -> QuantisedWeights:
+    """`--weights q8_0` or `q4_0`: the model's float weights as those blocks, or a clear error saying what
+    stands in the way."""
+    problems = []
+    if dtype != torch.float32:
+        problems.append(f"the blocks run with float32 activations, and the dtype is {str(dtype).removeprefix('torch.')} "
+                        "(use --dtype float32 or auto)")
+    if backend == "transformers":
+        problems.append("the transformers backend runs float weights only (use --backend lean or auto, for an "
+                        "architecture the lean backend runs)")
+    if not problems and quant.load() is None:
+        problems.append(f"the GGUF kernels cannot run here: {quant.unavailable_reason()}")
+    if problems:
+        raise SpecdecError(f"--weights {choice}: " + "; ".join(problems))
+    return QuantisedWeights(model, QUANTISED_WEIGHTS[choice])
+
+
 def load_dtype(dtype: str, weights: str, target: str, backend: str = "auto", device: str = "cpu",
                blocks_drafter: bool = False) -> str:
     """The dtype to load `target` in: `dtype`, except that `--dtype auto` loads a built-in GGUF target for
@@ -184,7 +229,12 @@ def load_dtype(dtype: str, weights: str, target: str, backend: str = "auto", dev
     (`--weights gguf` or `gguf-int8`, or a drafter that drafts on them: `blocks_drafter`, self-q4), and,
     under `--weights auto`, where quant.cpp's packed int8 kernels run (AVX2 and F16C): its blocks with int8
     activations then run plain decoding ~2x faster than bf16 on kernels.cpp (AVX-512 BF16, AMX tiles
-    included: docs/results.md), and on AVX2-only CPUs float32 is what `auto` loads anyway."""
+    included: docs/results.md), and on AVX2-only CPUs float32 is what `auto` loads anyway. Any target loads in
+    float32 under `--dtype auto` where its own weights are quantised to blocks (`--weights q8_0`, `q4_0`, or
+    self-q4 for a target without a GGUF file)."""
+    if dtype == "auto" and (weights in QUANTISED_WEIGHTS or blocks_drafter) and backend != "transformers" \
+            and device == "cpu":
+        return "float32"  # the blocks take float32 activations, whatever the target
     if dtype != "auto" or target not in BUILTIN_TARGETS or backend == "transformers" or device != "cpu":
         return dtype
     if weights in ("gguf", "gguf-int8") or blocks_drafter or (weights == "auto" and quant.packed_int8()):
@@ -204,7 +254,7 @@ def choose_weights(choice: str, gguf_path: Path | None, dtype: torch.dtype, dtyp
     drafter that needs the blocks)."""
     if choice not in WEIGHTS:
         raise SpecdecError(f"unknown --weights {choice!r}: use {', '.join(WEIGHTS)}")
-    if choice == "float":
+    if choice == "float" or choice in QUANTISED_WEIGHTS:  # the latter: quantised_weights
         return None
     insist = choice != "auto"
     problems = []

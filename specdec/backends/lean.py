@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import BACKENDS
+from ..config import BACKENDS, QUANTISED_WEIGHTS
 from ..errors import SpecdecError
 from ..modeling import (
     KERNEL_ROWS,
@@ -51,7 +51,7 @@ from ..modeling import (
 )
 from ..modeling.packing import can_pack, pack, packed_linear
 from .base import Backend, Step
-from .gguf import GGUFWeights, choose_weights
+from .gguf import GGUFWeights, QuantisedWeights, choose_weights, quantised_weights
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 """transformers' model_type of each architecture the lean path runs: Llama's layer, with a bias on the QKV
@@ -81,10 +81,11 @@ class LeanBackend(Backend):
     """"lean+tiles" when bf16 passes run on kernels.cpp with the weights on AMX tiles, "lean+kernels" when
     bf16 steps of up to KERNEL_ROWS run on its AVX-512 dot products, "lean" on oneDNN (fp32, or no kernels)."""
 
-    def __init__(self, model, use_kernels: bool = True, gguf: Path | GGUFWeights | None = None,
+    def __init__(self, model, use_kernels: bool = True, gguf: Path | GGUFWeights | QuantisedWeights | None = None,
                  int8_activations: bool = False, use_tiles: bool = True):
-        """gguf: the GGUF file `model` was converted from (or its blocks, read), which then serve as
-        the linear layers' and LM head's weights (float32 models only; see backends/gguf.py);
+        """gguf: the GGUF file `model` was converted from (or its blocks, read), or its own weights quantised
+        (QuantisedWeights), which then serve as the linear layers' and LM head's weights (float32 models
+        only; see backends/gguf.py);
         int8_activations: multiply them with activations quantised to int8 (quant.quant_linear);
         use_tiles: pack bf16 weights for AMX tiles where the kernels run them (use_tiles=False keeps
         the AVX-512 dot products, e.g. to compare the two)."""
@@ -122,10 +123,9 @@ class LeanBackend(Backend):
                 raise SpecdecError("GGUF weights run on the CPU with float32 activations: load the model in float32")
             if quant.load() is None:
                 raise SpecdecError(f"the GGUF kernels cannot run here: {quant.unavailable_reason()}")
-            if config.model_type not in ON_KERNELS:  # quant.cpp's layer adds no bias and norms q/k as Gemma does
-                raise SpecdecError(f"GGUF blocks run Llama, Mistral and Gemma-3 layers, not {config.model_type}")
-            self.gguf = gguf if isinstance(gguf, GGUFWeights) else GGUFWeights.read(Path(gguf))
-            self.path = "lean+gguf-int8" if int8_activations else "lean+gguf"
+            self.gguf = gguf if isinstance(gguf, GGUFWeights | QuantisedWeights) else GGUFWeights.read(Path(gguf))
+            blocks = gguf.kind.lower() if isinstance(gguf, QuantisedWeights) else "gguf"
+            self.path = f"lean+{blocks}-int8" if int8_activations else f"lean+{blocks}"
             # int8 activations on the packed kernels (AVX2, AVX-512 VNNI, AMX-INT8 for many rows): the
             # blocks repacked once here
             self._pack_int8 = int8_activations and quant.packed_int8()
@@ -162,14 +162,19 @@ class LeanBackend(Backend):
             if self._pack_int8:
                 kernels = {"amx": "AVX-512 VNNI, AMX-INT8 for many rows", "vnni": "AVX-512 VNNI",
                            "avx2": "AVX2"}[quant.packed_isa()]
-                return f"GGUF blocks x int8 activations on quant.cpp ({kernels}; {share:.0%} of the weights)"
+                return f"{self._blocks_named()} x int8 activations on quant.cpp ({kernels}; {share:.0%} of the weights)"
             activations = "int8" if "int8" in self.path else "float32"
-            return f"GGUF blocks x {activations} activations on quant.cpp ({share:.0%} of the weights)"
+            return f"{self._blocks_named()} x {activations} activations on quant.cpp ({share:.0%} of the weights)"
         if self.tiles:
             return "kernels.cpp (AMX tiles)"
         if self.kernels is not None and rows <= KERNEL_ROWS:
             return "kernels.cpp"
         return "oneDNN (pre-packed)" if self.packed else "ATen"
+
+    def _blocks_named(self) -> str:
+        if isinstance(self.gguf, QuantisedWeights):
+            return f"{self.gguf.kind} blocks (the float weights quantised at load)"
+        return "GGUF blocks"
 
     def _norm_weight(self, w: torch.Tensor) -> torch.Tensor:
         # Gemma's RMSNorm multiplies by (1 + w) in float32 before casting; Llama's by w after casting.
@@ -342,6 +347,12 @@ def target_backend(loaded, prefer: str = "auto", weights: str = "auto", dtype_ch
     if prefer not in BACKENDS:
         raise ValueError(f"unknown backend {prefer!r}: use {', '.join(BACKENDS)}")
     runs_on = prefer if supports(loaded.model) else "transformers"
+    if weights in QUANTISED_WEIGHTS:
+        if runs_on == "transformers" and prefer == "auto":
+            raise SpecdecError(f"--weights {weights}: {unsupported_reason(loaded.model)}, and only the lean backend "
+                               "runs quantised weights: use --weights float")
+        return make_backend(loaded.model, prefer, gguf=quantised_weights(weights, loaded.model, loaded.dtype, runs_on),
+                            int8_activations=True)
     gguf = choose_weights(weights, loaded.gguf, loaded.dtype, dtype_choice, runs_on)
     # auto: int8 activations on the blocks, measured faster at every row count (quant.cpp)
     return make_backend(loaded.model, prefer, gguf=gguf, int8_activations=weights in ("auto", "gguf-int8"))

@@ -124,11 +124,17 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
     if kind == "self-q4":
         if target_on_blocks:
             raise SpecdecError("self-q4 drafts with the target's GGUF blocks for the target on its float weights; "
-                               "the target runs on those blocks already (--weights gguf or gguf-int8): use --weights float")
-        from ..backends.gguf import choose_weights
+                               "the target runs on blocks already (--weights gguf, gguf-int8, q8_0 or q4_0): "
+                               "use --weights float")
+        from ..backends.gguf import choose_weights, quantised_weights
+        from ..backends.lean import supports
 
-        gguf = choose_weights("gguf", target.gguf, target.dtype, "float32", backend,
-                              asked_by="--drafter self-q4 runs on the target's GGUF blocks")
+        if target.gguf is not None:  # a built-in target: its file's own blocks
+            gguf = choose_weights("gguf", target.gguf, target.dtype, "float32", backend,
+                                  asked_by="--drafter self-q4 runs on the target's GGUF blocks")
+        else:  # any other: its float weights quantised to Q4_0 here
+            gguf = quantised_weights("q4_0", target.model, target.dtype, backend if supports(target.model) else
+                                     "transformers")
         target_width = target.model.get_output_embeddings().weight.shape[0]
         # int8 activations: drafting is one row at a time, where they are fastest (quant.cpp)
         return ModelDrafter(make_backend(target.model, "lean", gguf=gguf, int8_activations=True), target_width,

@@ -183,9 +183,13 @@ class LayerSteps:
 
 def layer_step(arch, layers: list, int8: bool = False) -> LayerSteps | None:
     """The decoder's layers in one quant.cpp call a pass (LayerSteps), or None where some projection is
-    not on blocks, the shapes are not ones rowops.cpp takes, or the kernels cannot run here."""
+    not on blocks, the shapes are not ones rowops.cpp takes, the layer is one quant.cpp's does not compute
+    (a QKV bias, Qwen3's Llama-rounded head norms: layer_aten then runs it, each product on blocks), or
+    the kernels cannot run here."""
     module = load()
     if module is None or arch.head_dim % 16 or (arch.n_heads * arch.head_dim) % 8:
+        return None
+    if arch.head_norms or any(layer.bqkv is not None for layer in layers):
         return None
     held = []
     for layer in layers:
