@@ -320,8 +320,11 @@ def quantised_twin(model, kinds: dict[str, int], head_kind: int | None = 8) -> G
 
 def tiny(arch: str):
     """head_dim 16: what rowops.cpp's fused q/k RoPE, and so quant.cpp's layer_step, take."""
-    return (tiny_llama(40, seed=3, head_dim=16) if arch == "llama"
-            else tiny_gemma3(40, seed=3, sliding_window=8, head_dim=16)).float()
+    if arch == "llama":
+        return tiny_llama(40, seed=3, head_dim=16).float()
+    if arch == "gemma3":
+        return tiny_gemma3(40, seed=3, sliding_window=8, head_dim=16).float()
+    return tiny_llama_family(arch, 40, seed=3, sliding_window=8, head_dim=16).float()  # qwen2's QKV bias, qwen3's norms
 
 
 ALL_Q4_1 = dict.fromkeys(_PARTS, 3)
@@ -376,7 +379,7 @@ def test_a_trees_accepted_path_scores_what_plain_decoding_scores_to_the_bit(kern
     check_tree_path_scores_like_steps(LeanBackend(model, gguf=quantised_twin(model, ALL_Q4_1), int8_activations=int8))
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2", "qwen3"])
 def test_a_layer_in_one_call_is_the_layer_as_ops_to_the_bit(kernels, arch):
     """quant.cpp's layer_step (a whole layer of one sequence in one call) against layer_aten with
     rowops.cpp: equal logits, bit for bit, for a chunk of 14 positions, one position, a chain and a tree,
@@ -400,7 +403,7 @@ def test_a_layer_in_one_call_is_the_layer_as_ops_to_the_bit(kernels, arch):
     assert torch.equal(trees[0], trees[1])
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2", "qwen3"])
 @pytest.mark.parametrize("int8", [False, True], ids=["float-activations", "int8-activations"])
 def test_several_sequences_in_one_call_equal_each_alone_to_the_bit(kernels, arch, int8, monkeypatch):
     """A pass of several sequences (a position, a chain, a tree) takes quant.cpp's stack call once for
@@ -565,9 +568,9 @@ def test_builtin_on_blocks_keeps_greedy_parity(kernels, builtin_model):
     assert spec.tokens == expected
 
 
-QUANTISED = {"llama": lambda: tiny_llama(40, seed=3, head_dim=16),  # layers in one quant.cpp call
-             "qwen2": lambda: tiny_llama_family("qwen2", 40, seed=3, head_dim=16),  # QKV bias: layer_aten, products on blocks
-             "qwen3": lambda: tiny_llama_family("qwen3", 40, seed=3, head_dim=16)}  # its head norms: the same
+QUANTISED = {"llama": lambda: tiny_llama(40, seed=3, head_dim=16),
+             "qwen2": lambda: tiny_llama_family("qwen2", 40, seed=3, head_dim=16),  # a QKV bias
+             "qwen3": lambda: tiny_llama_family("qwen3", 40, seed=3, head_dim=16)}  # head norms
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_0"])
@@ -602,7 +605,7 @@ def test_speculative_equals_plain_on_quantised_weights(kernels, arch, kind):
     model = QUANTISED[arch]()
     backend = LeanBackend(model, gguf=QuantisedWeights(model, kind), int8_activations=True)
     assert backend.path.startswith(f"lean+{kind.lower()}-int8") and kind in backend.numeric_path(1)
-    assert (backend.decoder.layer_step is not None) == (arch == "llama")
+    assert backend.decoder.layer_step is not None  # every layer in one quant.cpp call
     prompt = [int(t) for t in torch.randint(0, 40, (24,), generator=torch.Generator().manual_seed(5))] * 2
     expected = SpeculativeEngine(backend, None).generate(prompt, SamplingParams(),
                                                          SpecConfig(gamma=0, max_new_tokens=40)).run().tokens

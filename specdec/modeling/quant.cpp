@@ -1389,12 +1389,14 @@ SPECDEC_AVX2 torch::Tensor add_residual(torch::Tensor x, const torch::Tensor& h)
 // 11.9 -> 11.4 ms; two sequences' step 15.0 -> ~10 ms). h (T, d) float32, the sequences' rows one after
 // another (rows[s] of them for sequence s), cos and sin (T, hd) at each row's position; weights[i] the
 // parts of projection i (qkv, o, gate/up, down) as (blocks, kind) lists; norms: attn_in, mlp_in, then
-// Gemma's q, k, attn_out, mlp_out (empty tensors for Llama); per sequence its caches, start, lo and
+// q, k (Gemma's, Qwen3's), attn_out, mlp_out (Gemma's), empty tensors where the model has none; qkv_bias:
+// the QKV projection's bias (Qwen2), added to its product as layer_aten adds it, or empty; per sequence its caches, start, lo and
 // visible as rowops' attend takes them. The products take every row at once (rows do not depend on how
 // many are multiplied together), attention each sequence alone.
 torch::Tensor layer_steps(torch::Tensor h, const std::vector<std::vector<torch::Tensor>>& blocks,
                           const std::vector<std::vector<int64_t>>& kinds, const std::vector<torch::Tensor>& norms,
-                          const torch::Tensor& cos, const torch::Tensor& sin, const std::vector<torch::Tensor>& k_caches,
+                          const torch::Tensor& qkv_bias, const torch::Tensor& cos, const torch::Tensor& sin,
+                          const std::vector<torch::Tensor>& k_caches,
                           const std::vector<torch::Tensor>& v_caches, const std::vector<int64_t>& starts,
                           const std::vector<int64_t>& los, const std::vector<torch::Tensor>& visibles,
                           const std::vector<int64_t>& rows, const std::vector<bool>& prompts, int64_t n_heads, int64_t n_kv,
@@ -1408,6 +1410,11 @@ torch::Tensor layer_steps(torch::Tensor h, const std::vector<std::vector<torch::
   TORCH_CHECK(std::accumulate(rows.begin(), rows.end(), int64_t{0}) == T, "the sequences' rows must add up to h's");
   const PromptRows prompt_rows(rows, prompts);
   torch::Tensor qkv = project(rms_norm(h, norms[0], eps), blocks[0], kinds[0], d, int8, prompt_rows).contiguous();
+  if (qkv_bias.numel()) {
+    TORCH_CHECK(qkv_bias.dim() == 1 && qkv_bias.size(0) == qkv.size(1) && qkv_bias.scalar_type() == torch::kFloat32,
+                "qkv_bias: (hq + 2 hkv) float32");
+    qkv.add_(qkv_bias);
+  }
   qk_rope_(qkv, cos, sin, n_heads, n_kv, hd, norms[2], norms[3], eps);
   std::vector<AttendJob> jobs;  // each sequence over its own cache, all in one parallel loop
   const int64_t width = hq + 2 * hkv;
@@ -1438,6 +1445,7 @@ struct LayerStack {
   std::vector<std::vector<std::vector<torch::Tensor>>> blocks;  // per layer: layer_steps' blocks, kinds, norms
   std::vector<std::vector<std::vector<int64_t>>> kinds;
   std::vector<std::vector<torch::Tensor>> norms;
+  std::vector<torch::Tensor> qkv_biases;  // per layer, empty where there is none
   int64_t n_heads, n_kv, hd;
   double eps, scale;
   bool gemma, int8;
@@ -1480,7 +1488,8 @@ std::vector<torch::Tensor> stack_steps(const LayerStack& stack, torch::Tensor h,
     for (size_t t = 0; t < taps.size(); ++t)
       if (taps[t] == static_cast<int64_t>(i)) tapped[t] = h;
     for (size_t s = 0; s < n; ++s) ks[s] = caches[s]->k[i], vs[s] = caches[s]->v[i];
-    h = layer_steps(h, stack.blocks[i], stack.kinds[i], stack.norms[i], cos[rope_of[i]], sin[rope_of[i]], ks, vs,
+    h = layer_steps(h, stack.blocks[i], stack.kinds[i], stack.norms[i], stack.qkv_biases[i], cos[rope_of[i]],
+                    sin[rope_of[i]], ks, vs,
                     starts, los[window_of[i]], visibles[window_of[i]], rows, prompts, stack.n_heads, stack.n_kv,
                     stack.hd, stack.eps, stack.scale, stack.gemma, stack.int8);
   }
@@ -1521,10 +1530,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                          "shapes, held for stack_steps")
       .def(py::init([](std::vector<std::vector<std::vector<torch::Tensor>>> blocks,
                        std::vector<std::vector<std::vector<int64_t>>> kinds, std::vector<std::vector<torch::Tensor>> norms,
-                       int64_t n_heads, int64_t n_kv, int64_t hd, double eps, double scale, bool gemma, bool int8) {
-        TORCH_CHECK(blocks.size() == kinds.size() && blocks.size() == norms.size(), "one entry per layer in each list");
-        return LayerStack{std::move(blocks), std::move(kinds), std::move(norms), n_heads, n_kv, hd, eps, scale, gemma,
-                          int8, {}, {}};
+                       std::vector<torch::Tensor> qkv_biases, int64_t n_heads, int64_t n_kv, int64_t hd, double eps,
+                       double scale, bool gemma, bool int8) {
+        TORCH_CHECK(blocks.size() == kinds.size() && blocks.size() == norms.size() && blocks.size() == qkv_biases.size(),
+                    "one entry per layer in each list");
+        return LayerStack{std::move(blocks), std::move(kinds), std::move(norms), std::move(qkv_biases), n_heads, n_kv, hd,
+                          eps, scale, gemma, int8, {}, {}};
       }))
       .def("set_layout", [](LayerStack& stack, std::vector<int64_t> rope_of, std::vector<int64_t> window_of) {
         TORCH_CHECK(rope_of.size() == stack.blocks.size() && window_of.size() == stack.blocks.size(),

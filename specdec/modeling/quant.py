@@ -157,8 +157,9 @@ class LayerSteps:
 
     def __init__(self, module, arch, held: list, int8: bool):
         self.module, self.arch, self.int8 = module, arch, int8
-        self.stack = module.LayerStack([b for b, _, _ in held], [k for _, k, _ in held], [n for _, _, n in held],
-                                       arch.n_heads, arch.n_kv, arch.head_dim, arch.eps, arch.scale, arch.gemma, int8)
+        self.stack = module.LayerStack([b for b, _, _, _ in held], [k for _, k, _, _ in held], [n for _, _, n, _ in held],
+                                       [bias for _, _, _, bias in held], arch.n_heads, arch.n_kv, arch.head_dim, arch.eps,
+                                       arch.scale, arch.gemma, int8)
 
     def set_layout(self, rope_of: list[int], window_of: list[int]) -> None:
         """Which of run's RoPE tables (rope_of[i]) and attention windows (window_of[i]) layer i takes; set
@@ -183,13 +184,10 @@ class LayerSteps:
 
 def layer_step(arch, layers: list, int8: bool = False) -> LayerSteps | None:
     """The decoder's layers in one quant.cpp call a pass (LayerSteps), or None where some projection is
-    not on blocks, the shapes are not ones rowops.cpp takes, the layer is one quant.cpp's does not compute
-    (a QKV bias, Qwen3's Llama-rounded head norms: layer_aten then runs it, each product on blocks), or
-    the kernels cannot run here."""
+    not on blocks, the shapes are not ones rowops.cpp takes, or the kernels cannot run here. Llama's layer,
+    with Qwen2's QKV bias, Qwen3's head norms (in float32 rounded as Gemma's) or Gemma-3's layer."""
     module = load()
     if module is None or arch.head_dim % 16 or (arch.n_heads * arch.head_dim) % 8:
-        return None
-    if arch.head_norms or any(layer.bqkv is not None for layer in layers):
         return None
     held = []
     for layer in layers:
@@ -199,10 +197,10 @@ def layer_step(arch, layers: list, int8: bool = False) -> LayerSteps | None:
         parts = [w.parts if isinstance(w, QuantParts) else (w,) for w in projections]
         if parts[0][0].in_features % 8 or sum(p.out_features for p in parts[2]) % 16:
             return None
-        names = ("attn_in", "mlp_in") + (("q", "k", "attn_out", "mlp_out") if arch.gemma else ())
-        norms = [layer.norms[name].float().contiguous() for name in names]
-        held.append(([[p.blocks for p in ps] for ps in parts], [[p.code for p in ps] for ps in parts],
-                     norms + [_EMPTY] * (6 - len(norms))))
+        names = ("attn_in", "mlp_in", "q", "k", "attn_out", "mlp_out")  # absent: empty (Llama's q, k; all but Gemma's last two)
+        norms = [layer.norms[name].float().contiguous() if name in layer.norms else _EMPTY for name in names]
+        bias = _EMPTY if layer.bqkv is None else layer.bqkv.float().contiguous()
+        held.append(([[p.blocks for p in ps] for ps in parts], [[p.code for p in ps] for ps in parts], norms, bias))
     return LayerSteps(module, arch, held, int8)
 
 
