@@ -116,7 +116,7 @@ def test_negative_gamma_is_refused(capsys, value):
     (["bench", "--no-peers", "--prompts-per-task", "0"], ["--prompts-per-task and --max-new-tokens must be at least 1"]),
     (["bench", "--no-peers", "--max-new-tokens", "-5"], ["--prompts-per-task and --max-new-tokens must be at least 1"]),
     (["train-drafter", "--kind", "eagle", "--out", "{file}"], ["--out {file} is a file, not a directory"]),
-    (["train-drafter", "--kind", "eagle", "--out", "{file}/drafter"], ["cannot create the --out directory", "Not a directory"]),
+    (["train-drafter", "--kind", "eagle", "--out", "{file}/drafter"], ["cannot create --out {file}/drafter", "Not a directory"]),
     (["export-drafter", "{shipped}", "--out", "{file}"], ["--out {file} is a file, not a directory"]),
     (["ngram", "fit", "--corpus", "man", "--out", "{file}/table.npz"], ["{file} is a file, not a directory"]),
     (["ngram", "fit", "--corpus", "man", "--out", "{tmp}"], ["is a directory: give the path of a file"]),

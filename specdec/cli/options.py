@@ -97,17 +97,22 @@ def port(text: str) -> int:
     return value
 
 
+def _make_directory(directory: Path, what: str, flag: str) -> None:
+    """Create `directory` (and its parents) and check it can be written into; `what` names it in the errors."""
+    if directory.exists() and not directory.is_dir():
+        raise SpecdecError(f"{what} {directory} is a file, not a directory: choose another {flag}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SpecdecError(f"cannot create {what} {directory}: {exc.strerror}; choose another {flag}") from None
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise SpecdecError(f"cannot write into {what} {directory}: permission denied; choose another {flag}")
+
+
 def output_directory(path: str, flag: str = "--out") -> Path:
     """Create `path` (and its parents) now, before minutes of work whose results would have nowhere to go."""
     out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise SpecdecError(f"{flag} {out} is a file, not a directory: choose another {flag}")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecdecError(f"cannot create the {flag} directory {out}: {exc.strerror}; choose another {flag}") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise SpecdecError(f"cannot write into the {flag} directory {out}: permission denied; choose another {flag}")
+    _make_directory(out, flag, flag)
     return out
 
 
@@ -116,13 +121,7 @@ def output_file(path: str, flag: str = "--out") -> Path:
     out = Path(path)
     if out.is_dir():
         raise SpecdecError(f"{flag} {out} is a directory: give the path of a file to write")
-    parent = out.parent
-    if parent.exists() and not parent.is_dir():
-        raise SpecdecError(f"cannot write {flag} {out}: {parent} is a file, not a directory")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise SpecdecError(f"cannot create {parent} for {flag} {out}: {exc.strerror}; choose another {flag}") from None
-    if not os.access(parent, os.W_OK | os.X_OK) or out.exists() and not os.access(out, os.W_OK):
-        raise SpecdecError(f"cannot write {flag} {out}: permission denied; choose another {flag}")
+    _make_directory(out.parent, f"{flag}'s directory", flag)
+    if out.exists() and not os.access(out, os.W_OK):
+        raise SpecdecError(f"cannot overwrite {flag} {out}: permission denied; choose another {flag}")
     return out
