@@ -197,6 +197,21 @@ def test_mutant_fails(name, monkeypatch):
     assert not report.passed, report.to_text()
 
 
+def test_acceptance_of_a_few_drafts_is_not_judged_by_the_normal_tail():
+    """One draft at β = 0.9447 rejected happens one time in 18; the normal tail made it z = −4.1, p = 4e-5, and
+    `specdec verify` FAILED a correct engine (prompt lookup on a quantised SmolLM2, its 4th draft position).
+    Few draws take Freedman's bound, valid at any count; many keep the normal tail's power."""
+    from specdec.exactness import acceptance_z
+
+    beta = 0.9447
+    one = acceptance_z("one draft", 0, beta, beta**2, 1)
+    assert one.p_value > 0.5 and one.statistic < -4  # the same z, no longer a rejection
+    few = acceptance_z("20 drafts at 0.95, none accepted", 0, 20 * 0.95, 20 * 0.95**2, 20)
+    assert few.p_value < 1e-9  # gross deviations of a few draws still fail
+    many = acceptance_z("900 drafts at 0.5", 400, 450.0, 225.0, 900)  # variance 225: the normal tail
+    assert many.p_value == pytest.approx(8.8e-4, rel=0.05)
+
+
 def test_settings_quick_is_smaller():
     quick = Settings.quick()
     assert quick.samples < Settings().samples and quick.long_runs < Settings().long_runs
