@@ -554,6 +554,23 @@ def test_cli_train_then_generate(tiny_dirs, tmp_path, monkeypatch, capsys):
     assert "not a trained drafter" in capsys.readouterr().err
 
 
+def test_train_drafter_samples_the_target_on_the_weights_asked_for(tiny_dirs, tmp_path, monkeypatch, capsys):
+    """--weights q8_0: the target answers on its Q8_0 blocks (the model one will generate with), cached apart
+    from its float answers; the transformers sampler cannot run them, and says so."""
+    from specdec.modeling import quant
+
+    if not quant.packed_int8():
+        pytest.skip(f"quant.cpp's packed int8 kernels do not run here: {quant.unavailable_reason() or 'no AVX2/F16C'}")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    args = ["train-drafter", "--target", str(tiny_dirs["chat"]), "--kind", "eagle", "--steps", "2", "--prompts", "8",
+            "--max-new-tokens", "8", "--vocab", "16", "--weights", "q8_0"]
+    assert main([*args, "--out", str(tmp_path / "q8")]) == 0
+    data = json.loads((tmp_path / "q8" / "config.json").read_text())["recipe"]["data"]
+    assert data["sampled_on"].startswith("lean+q8_0-int8")
+    assert main([*args, "--out", str(tmp_path / "hf"), "--sampler", "transformers"]) == 1
+    assert "use --sampler engine" in capsys.readouterr().err
+
+
 def test_packed_bf16_drafting_matches_unpacked():
     from specdec.modeling.packing import can_pack
 
