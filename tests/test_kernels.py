@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import tiny_gemma3, tiny_llama
+from helpers import tiny_gemma3, tiny_llama, tiny_llama_family
 from specdec.modeling import kernels, rotate
 from specdec.modeling.extension import cpu_flags
 
@@ -112,7 +112,8 @@ def test_attend_matches_masked_sdpa_and_writes_the_cache(kern, hd, window, gemma
     assert (out.float() - expected).abs().max() <= 2.0 ** -7 * expected.abs().max()
 
 
-@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3])
+@pytest.mark.parametrize("make", [tiny_llama, tiny_gemma3, lambda: tiny_llama_family("mistral", 40, sliding_window=8)],
+                         ids=["llama", "gemma3", "mistral"])
 def test_lean_bf16_runs_on_the_kernels_and_agrees_with_its_aten_path(kern, make):
     from specdec.backends.lean import LeanBackend
 

@@ -7,7 +7,7 @@ batch tests also run on the AVX-512 dot products (passes of up to 16 rows)."""
 import pytest
 import torch
 
-from helpers import check_tree_path_scores_like_steps, tiny_gemma3, tiny_llama
+from helpers import check_tree_path_scores_like_steps, tiny_gemma3, tiny_llama, tiny_llama_family
 from specdec.backends.base import Step
 from specdec.backends.lean import LeanBackend
 from specdec.config import SamplingParams, SpecConfig
@@ -59,7 +59,8 @@ def test_linear_tiles_refuses_weights_of_another_shape(tiles):
 def models():
     return [("llama-hd8", tiny_llama(40, seed=3)), ("llama-hd64", tiny_llama(40, seed=3, head_dim=64)),
             ("gemma3-window8", tiny_gemma3(40, seed=3, sliding_window=8)),
-            ("gemma3-hd64", tiny_gemma3(40, seed=3, sliding_window=8, head_dim=64))]
+            ("gemma3-hd64", tiny_gemma3(40, seed=3, sliding_window=8, head_dim=64)),
+            ("mistral-window8", tiny_llama_family("mistral", 40, seed=3, sliding_window=8))]
 
 
 MODELS = models()

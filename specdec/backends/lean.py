@@ -65,6 +65,9 @@ def unsupported_reason(model) -> str | None:
     kind = getattr(model.config, "model_type", None)
     if kind not in SUPPORTED:
         return f"the lean backend knows {', '.join(SUPPORTED)}, not {kind!r}"
+    act = getattr(model.config, "hidden_activation" if kind == "gemma3_text" else "hidden_act", None)
+    if act != ("gelu_pytorch_tanh" if kind == "gemma3_text" else "silu"):
+        return f"this {kind} model's activation is {act!r}, which the lean backend does not compute"
     layer = model.model.layers[0]
     if layer.self_attn.o_proj.bias is not None or any(
             getattr(layer.mlp, name).bias is not None for name in ("gate_proj", "up_proj", "down_proj")):

@@ -76,8 +76,8 @@ class LayerWeights:
     window: int | None = None
     """Sliding window, None for full attention."""
     bqkv: torch.Tensor | None = None
-    """The fused QKV projection's bias (Qwen2), None without one. Only layer_aten adds it: a model with one
-    runs its passes there (LeanBackend keeps it off kernels.cpp and quant.cpp)."""
+    """The fused QKV projection's bias (Qwen2), None without one. layer_aten and quant.cpp's layer add it;
+    kernels.cpp does not (LeanBackend keeps such models' bf16 passes on ATen)."""
 
 
 @dataclass
