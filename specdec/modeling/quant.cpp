@@ -1389,9 +1389,9 @@ SPECDEC_AVX2 torch::Tensor add_residual(torch::Tensor x, const torch::Tensor& h)
 // 11.9 -> 11.4 ms; two sequences' step 15.0 -> ~10 ms). h (T, d) float32, the sequences' rows one after
 // another (rows[s] of them for sequence s), cos and sin (T, hd) at each row's position; weights[i] the
 // parts of projection i (qkv, o, gate/up, down) as (blocks, kind) lists; norms: attn_in, mlp_in, then
-// q, k (Gemma's, Qwen3's), attn_out, mlp_out (Gemma's), empty tensors where the model has none; qkv_bias:
-// the QKV projection's bias (Qwen2), added to its product as layer_aten adds it, or empty; per sequence its caches, start, lo and
-// visible as rowops' attend takes them. The products take every row at once (rows do not depend on how
+// q, k (Gemma's, Qwen3's), attn_out, mlp_out (Gemma's), empty tensors where the model has none;
+// qkv_bias: the QKV projection's bias (Qwen2), added to its product as layer_aten adds it, or empty; per
+// sequence its caches, start, lo and visible as rowops' attend takes them. The products take every row at once (rows do not depend on how
 // many are multiplied together), attention each sequence alone.
 torch::Tensor layer_steps(torch::Tensor h, const std::vector<std::vector<torch::Tensor>>& blocks,
                           const std::vector<std::vector<int64_t>>& kinds, const std::vector<torch::Tensor>& norms,

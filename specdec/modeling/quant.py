@@ -197,7 +197,7 @@ def layer_step(arch, layers: list, int8: bool = False) -> LayerSteps | None:
         parts = [w.parts if isinstance(w, QuantParts) else (w,) for w in projections]
         if parts[0][0].in_features % 8 or sum(p.out_features for p in parts[2]) % 16:
             return None
-        names = ("attn_in", "mlp_in", "q", "k", "attn_out", "mlp_out")  # absent: empty (Llama's q, k; all but Gemma's last two)
+        names = ("attn_in", "mlp_in", "q", "k", "attn_out", "mlp_out")  # a norm the layer lacks: an empty tensor
         norms = [layer.norms[name].float().contiguous() if name in layer.norms else _EMPTY for name in names]
         bias = _EMPTY if layer.bqkv is None else layer.bqkv.float().contiguous()
         held.append(([[p.blocks for p in ps] for ps in parts], [[p.code for p in ps] for ps in parts], norms, bias))

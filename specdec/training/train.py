@@ -431,8 +431,11 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
             bar.update(now - shown)
             shown = now
     bar.close()
-    if step == 0:  # interrupted before a step was done: nothing to keep
-        raise KeyboardInterrupt
+    if step == 0:  # nothing to keep
+        if stop.requested:
+            raise KeyboardInterrupt
+        raise SpecdecError(f"the time budget ({recipe.minutes} minutes) ran out before one training step: give more "
+                           "--minutes, or --steps")
     net.eval()
     alpha0, alpha1 = objective.measure(eval_batch)
     history.append({"step": step, "loss": smooth, "alpha_t0": alpha0, "alpha_t1": alpha1})
