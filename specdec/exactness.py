@@ -183,7 +183,7 @@ def acceptance_z(name: str, accepted: int, beta_sum: float, beta_sq_sum: float, 
         else:
             p = min(1.0, 2.0 * math.exp(-deviation**2 / (2.0 * (variance + abs(deviation) / 3.0))))
     else:  # every β was 0 or 1: the count is determined
-        z = 0.0 if abs(accepted - beta_sum) < 0.5 else math.copysign(math.inf, accepted - beta_sum)
+        z = 0.0 if abs(deviation) < 0.5 else math.copysign(math.inf, deviation)
         p = 1.0 if z == 0.0 else 0.0
     return StatTest(name, z, 0, p, tested, kind="z")
 

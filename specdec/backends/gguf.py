@@ -184,8 +184,7 @@ class QuantisedWeights:
     (the backend's numeric_path says how much ran on blocks)."""
 
     def __init__(self, model, kind: str):
-        self.kind, self.arch = kind, model.config.model_type
-        self.path = None  # no file: what the blocks stand for is the model in memory
+        self.kind = kind
         width = quant.block_width(kind)
 
         def blocks(weight: torch.Tensor) -> quant.QuantWeight | None:
@@ -237,7 +236,7 @@ def load_dtype(dtype: str, weights: str, target: str, backend: str = "auto", dev
         return "float32"  # the blocks take float32 activations, whatever the target
     if dtype != "auto" or target not in BUILTIN_TARGETS or backend == "transformers" or device != "cpu":
         return dtype
-    if weights in ("gguf", "gguf-int8") or blocks_drafter or (weights == "auto" and quant.packed_int8()):
+    if weights in ("gguf", "gguf-int8") or (weights == "auto" and quant.packed_int8()):  # blocks_drafter: above
         return "float32"
     return dtype
 

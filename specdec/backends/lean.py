@@ -344,18 +344,24 @@ def make_backend(model, prefer: str = "auto", gguf: Path | None = None, int8_act
     return TransformersBackend(model)
 
 
+def quantised_backend(model, choice: str, dtype: torch.dtype, prefer: str = "auto") -> LeanBackend:
+    """The lean backend on `model`'s float weights quantised at load to the blocks `choice` names (config.
+    QUANTISED_WEIGHTS: `--weights q8_0` / `q4_0`, and self-q4's drafts for a target without a GGUF file), int8
+    activations; or a clear error saying what stands in the way."""
+    reason = unsupported_reason(model)
+    if reason is not None and prefer != "transformers":
+        raise SpecdecError(f"--weights {choice}: {reason}, and only the lean backend runs quantised weights")
+    return LeanBackend(model, gguf=quantised_weights(choice, model, dtype, prefer), int8_activations=True)
+
+
 def target_backend(loaded, prefer: str = "auto", weights: str = "auto", dtype_choice="auto") -> Backend:
     """The backend a LoadedModel target runs on: make_backend's choice, its linear layers on the
     GGUF file's blocks where `weights` (config.WEIGHTS) says so (backends/gguf.choose_weights)."""
     if prefer not in BACKENDS:
         raise ValueError(f"unknown backend {prefer!r}: use {', '.join(BACKENDS)}")
-    runs_on = prefer if supports(loaded.model) else "transformers"
     if weights in QUANTISED_WEIGHTS:
-        if runs_on == "transformers" and prefer == "auto":
-            raise SpecdecError(f"--weights {weights}: {unsupported_reason(loaded.model)}, and only the lean backend "
-                               "runs quantised weights: use --weights float")
-        return make_backend(loaded.model, prefer, gguf=quantised_weights(weights, loaded.model, loaded.dtype, runs_on),
-                            int8_activations=True)
+        return quantised_backend(loaded.model, weights, loaded.dtype, prefer)
+    runs_on = prefer if supports(loaded.model) else "transformers"
     gguf = choose_weights(weights, loaded.gguf, loaded.dtype, dtype_choice, runs_on)
     # auto: int8 activations on the blocks, measured faster at every row count (quant.cpp)
     return make_backend(loaded.model, prefer, gguf=gguf, int8_activations=weights in ("auto", "gguf-int8"))

@@ -126,19 +126,18 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
             raise SpecdecError("self-q4 drafts with the target's GGUF blocks for the target on its float weights; "
                                "the target runs on blocks already (--weights gguf, gguf-int8, q8_0 or q4_0): "
                                "use --weights float")
-        from ..backends.gguf import choose_weights, quantised_weights
-        from ..backends.lean import supports
+        from ..backends.gguf import choose_weights
+        from ..backends.lean import quantised_backend
 
+        # int8 activations: drafting is one row at a time, where they are fastest (quant.cpp)
         if target.gguf is not None:  # a built-in target: its file's own blocks
             gguf = choose_weights("gguf", target.gguf, target.dtype, "float32", backend,
                                   asked_by="--drafter self-q4 runs on the target's GGUF blocks")
+            on_blocks = make_backend(target.model, "lean", gguf=gguf, int8_activations=True)
         else:  # any other: its float weights quantised to Q4_0 here
-            gguf = quantised_weights("q4_0", target.model, target.dtype, backend if supports(target.model) else
-                                     "transformers")
+            on_blocks = quantised_backend(target.model, "q4_0", target.dtype, backend)
         target_width = target.model.get_output_embeddings().weight.shape[0]
-        # int8 activations: drafting is one row at a time, where they are fastest (quant.cpp)
-        return ModelDrafter(make_backend(target.model, "lean", gguf=gguf, int8_activations=True), target_width,
-                            label="self-q4")
+        return ModelDrafter(on_blocks, target_width, label="self-q4")
     if kind in ("trained", "trained-tree", "lookup-else-trained"):
         draft = draft or shipped_drafter(target.name)
         if not draft:
