@@ -944,92 +944,109 @@ SPECDEC_AVX2 inline __m256i step_pairs(__m256i lo, __m256i hi, const int8_t* q, 
                           _mm256_maddubs_epi16(hi, broadcast_dword(q + 4 * (i + STEPS / 2))));
 }
 
-// Rows r0 .. r0 + R - 1 of x (within one 16-row tile of PackedActs) times blocks [b0, b1): each half of a
-// block's group unpacked once for the R rows, each row's int16 then int32 sums in registers.
+// Half h (columns 8 h .. 8 h + 7) of one group of a block for rows r0 .. r0 + R - 1 of x: the group's
+// integer sums, then accumulate_group's float steps into acc, 8 lanes at a time.
+template <int64_t KIND, int64_t R>
+__attribute__((always_inline)) SPECDEC_AVX2 inline void avx2_half_group(const PackedActs& x, const uint8_t* p, int64_t g,
+                                                                        int64_t h, int64_t r0, __m256 acc[R]) {
+  constexpr Format F = format_of(KIND);
+  constexpr int64_t STEPS = F.G / 4;
+  constexpr int64_t RUN = F.bytes ? 1 : F.planes == 0 ? STEPS : F.planes == 1 ? 4 : 2;  // steps summed as int16
+  const __m256i ones = _mm256_set1_epi16(1);
+  const int64_t at0 = x.at(r0, g);
+  const int8_t* q0 = x.q.data() + at0 * F.G;
+  __m256i sums[R];
+  if constexpr (F.bytes) {  // Q8_0: the sign trick on q = byte - 128
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+    for (int64_t i = 0; i < STEPS; ++i) {
+      __m256i code, unused;
+      avx2_steps<KIND>(p, i, h, code, unused);
+      const __m256i q = _mm256_xor_si256(code, _mm256_set1_epi8(static_cast<char>(0x80)));
+      const __m256i magnitude = _mm256_abs_epi8(q);
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < R; ++r) {
+        const __m256i xs = _mm256_sign_epi8(broadcast_dword(q0 + r * F.G + 4 * i), q);
+        sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xs), ones));
+      }
+    }
+#pragma GCC unroll 16
+    for (int64_t r = 0; r < R; ++r)
+      sums[r] = _mm256_add_epi32(sums[r], _mm256_set1_epi32(128 * x.total[at0 + r]));
+  } else {
+    // int16 pair sums over a run of RUN steps, then one vpmaddwd a run into the int32 sums. 4-bit codes
+    // take the whole group as one run, so no int32 sums live through its steps (when they did, 8 rows
+    // spilled sums and accumulators to the stack every group; SmolLM2's layers at 16 rows 17.4 -> 16.0
+    // ms on Zen 2). The same integers in any order, the same bits.
+#pragma GCC unroll 4
+    for (int64_t run = 0; run < STEPS / RUN; ++run) {
+      const int64_t first = run * RUN / 2;  // a run's first two steps start its sums (no zeroed registers)
+      __m256i lo, hi, pairs[R];
+      avx2_steps<KIND>(p, first, h, lo, hi);
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < R; ++r) pairs[r] = step_pairs<STEPS>(lo, hi, q0 + r * F.G, first);
+#pragma GCC unroll 1
+      for (int64_t i = first + 1; i < (run + 1) * RUN / 2; ++i) {  // rolled: unrolled, GCC spilled
+        avx2_steps<KIND>(p, i, h, lo, hi);
+#pragma GCC unroll 16
+        for (int64_t r = 0; r < R; ++r) pairs[r] = _mm256_add_epi16(pairs[r], step_pairs<STEPS>(lo, hi, q0 + r * F.G, i));
+      }
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < R; ++r) {
+        const __m256i run_sums = _mm256_madd_epi16(pairs[r], ones);
+        sums[r] = run == 0 ? run_sums : _mm256_add_epi32(sums[r], run_sums);
+      }
+    }
+  }
+  const uint8_t* scales = p + code_bytes(F) + F.planes * plane_bytes(F);
+  __m256 a, b;
+  if constexpr (F.f32) {
+    a = _mm256_loadu_ps(reinterpret_cast<const float*>(scales) + 8 * h);
+    b = F.has_b ? _mm256_loadu_ps(reinterpret_cast<const float*>(scales + scale_bytes(F)) + 8 * h)
+                : _mm256_mul_ps(a, _mm256_set1_ps(F.offset));
+  } else {
+    a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16 * h)));
+    b = F.has_b ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + scale_bytes(F) + 16 * h)))
+                : _mm256_mul_ps(a, _mm256_set1_ps(F.offset));
+  }
+  const float* d = x.d.data() + at0;
+  const float* s = x.s.data() + at0;
+#pragma GCC unroll 16
+  for (int64_t r = 0; r < R; ++r) {  // accumulate_group's steps, 8 lanes at a time
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(a, _mm256_set1_ps(d[r])), acc[r]);
+    acc[r] = _mm256_fmadd_ps(b, _mm256_set1_ps(s[r]), acc[r]);
+  }
+}
+
+// Rows r0 .. r0 + R - 1 of x (within one 16-row tile of PackedActs) times blocks [b0, b1): each group
+// unpacked once for the R rows, each row's int16 then int32 sums in registers, both halves of a block's
+// 16 columns (8 lanes each) in one pass over its groups. (In a pass a half, the second pass read lines
+// already in the cache, and the memory stood idle with nothing prefetched: SmolLM2's products at one row
+// took 1.12x the time on Zen 2, at 3-5 rows 1.15-1.2x, at 8-16 the same; docs/results/zen2-epyc/
+// one-pass-ab.txt.) A column's sums are the same integers and float steps in the same order either way.
 template <int64_t KIND, int64_t R>
 SPECDEC_AVX2 void avx2_rows(const PackedActs& x, const uint8_t* w, int64_t stride, float* out, int64_t N, int64_t r0,
                             int64_t b0, int64_t b1) {
   static_assert(R >= 1 && R <= 16, "a row tile is at most 16 rows");
-  constexpr Format F = format_of(KIND);
-  constexpr int64_t GB = group_bytes(F), STEPS = F.G / 4;
-  constexpr int64_t RUN = F.bytes ? 1 : F.planes == 0 ? STEPS : F.planes == 1 ? 4 : 2;  // steps summed as int16
-  const __m256i ones = _mm256_set1_epi16(1);
-  for (int64_t blk = b0; blk < b1; ++blk)
-    for (int64_t h = 0; h < 2; ++h) {
-      const uint8_t* p = w + blk * stride;
-      __m256 acc[R];
+  constexpr int64_t GB = group_bytes(format_of(KIND));
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    __m256 acc[2][R];
+#pragma GCC unroll 2
+    for (int64_t h = 0; h < 2; ++h)
 #pragma GCC unroll 16
-      for (int64_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-      for (int64_t g = 0; g < x.groups; ++g, p += GB) {
-        if (h == 0) prefetch_group(p, GB);
-        const int64_t at0 = x.at(r0, g);
-        const int8_t* q0 = x.q.data() + at0 * F.G;
-        __m256i sums[R];
-        if constexpr (F.bytes) {  // Q8_0: the sign trick on q = byte - 128
-#pragma GCC unroll 16
-          for (int64_t r = 0; r < R; ++r) sums[r] = _mm256_setzero_si256();
-#pragma GCC unroll 1
-          for (int64_t i = 0; i < STEPS; ++i) {
-            __m256i code, unused;
-            avx2_steps<KIND>(p, i, h, code, unused);
-            const __m256i q = _mm256_xor_si256(code, _mm256_set1_epi8(static_cast<char>(0x80)));
-            const __m256i magnitude = _mm256_abs_epi8(q);
-#pragma GCC unroll 16
-            for (int64_t r = 0; r < R; ++r) {
-              const __m256i xs = _mm256_sign_epi8(broadcast_dword(q0 + r * F.G + 4 * i), q);
-              sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, xs), ones));
-            }
-          }
-#pragma GCC unroll 16
-          for (int64_t r = 0; r < R; ++r)
-            sums[r] = _mm256_add_epi32(sums[r], _mm256_set1_epi32(128 * x.total[at0 + r]));
-        } else {
-          // int16 pair sums over a run of RUN steps, then one vpmaddwd a run into the int32 sums. 4-bit codes
-          // take the whole group as one run, so no int32 sums live through its steps (when they did, 8 rows
-          // spilled sums and accumulators to the stack every group; SmolLM2's layers at 16 rows 17.4 -> 16.0
-          // ms on Zen 2). The same integers in any order, the same bits.
-#pragma GCC unroll 4
-          for (int64_t run = 0; run < STEPS / RUN; ++run) {
-            const int64_t first = run * RUN / 2;  // a run's first two steps start its sums (no zeroed registers)
-            __m256i lo, hi, pairs[R];
-            avx2_steps<KIND>(p, first, h, lo, hi);
-#pragma GCC unroll 16
-            for (int64_t r = 0; r < R; ++r) pairs[r] = step_pairs<STEPS>(lo, hi, q0 + r * F.G, first);
-#pragma GCC unroll 1
-            for (int64_t i = first + 1; i < (run + 1) * RUN / 2; ++i) {  // rolled: unrolled, GCC spilled
-              avx2_steps<KIND>(p, i, h, lo, hi);
-#pragma GCC unroll 16
-              for (int64_t r = 0; r < R; ++r) pairs[r] = _mm256_add_epi16(pairs[r], step_pairs<STEPS>(lo, hi, q0 + r * F.G, i));
-            }
-#pragma GCC unroll 16
-            for (int64_t r = 0; r < R; ++r) {
-              const __m256i run_sums = _mm256_madd_epi16(pairs[r], ones);
-              sums[r] = run == 0 ? run_sums : _mm256_add_epi32(sums[r], run_sums);
-            }
-          }
-        }
-        const uint8_t* scales = p + code_bytes(F) + F.planes * plane_bytes(F);
-        __m256 a, b;
-        if constexpr (F.f32) {
-          a = _mm256_loadu_ps(reinterpret_cast<const float*>(scales) + 8 * h);
-          b = F.has_b ? _mm256_loadu_ps(reinterpret_cast<const float*>(scales + scale_bytes(F)) + 8 * h)
-                      : _mm256_mul_ps(a, _mm256_set1_ps(F.offset));
-        } else {
-          a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16 * h)));
-          b = F.has_b ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + scale_bytes(F) + 16 * h)))
-                      : _mm256_mul_ps(a, _mm256_set1_ps(F.offset));
-        }
-        const float* d = x.d.data() + at0;
-        const float* s = x.s.data() + at0;
-#pragma GCC unroll 16
-        for (int64_t r = 0; r < R; ++r) {  // accumulate_group's steps, 8 lanes at a time
-          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(a, _mm256_set1_ps(d[r])), acc[r]);
-          acc[r] = _mm256_fmadd_ps(b, _mm256_set1_ps(s[r]), acc[r]);
-        }
-      }
-#pragma GCC unroll 16
-      for (int64_t r = 0; r < R; ++r) _mm256_storeu_ps(out + (r0 + r) * N + blk * PACKED_COLS + 8 * h, acc[r]);
+      for (int64_t r = 0; r < R; ++r) acc[h][r] = _mm256_setzero_ps();
+    const uint8_t* p = w + blk * stride;
+    for (int64_t g = 0; g < x.groups; ++g, p += GB) {
+      prefetch_group(p, GB);
+      avx2_half_group<KIND, R>(x, p, g, 0, r0, acc[0]);
+      avx2_half_group<KIND, R>(x, p, g, 1, r0, acc[1]);
     }
+#pragma GCC unroll 2
+    for (int64_t h = 0; h < 2; ++h)
+#pragma GCC unroll 16
+      for (int64_t r = 0; r < R; ++r) _mm256_storeu_ps(out + (r0 + r) * N + blk * PACKED_COLS + 8 * h, acc[h][r]);
+  }
 }
 
 #ifndef SPECDEC_AVX2_ROWS
