@@ -1022,9 +1022,9 @@ __attribute__((always_inline)) SPECDEC_AVX2 inline void avx2_half_group(const Pa
 // Rows r0 .. r0 + R - 1 of x (within one 16-row tile of PackedActs) times blocks [b0, b1): each group
 // unpacked once for the R rows, each row's int16 then int32 sums in registers, both halves of a block's
 // 16 columns (8 lanes each) in one pass over its groups. (In a pass a half, the second pass read lines
-// already in the cache, and the memory stood idle with nothing prefetched: SmolLM2's products at one row
-// took 1.12x the time on Zen 2, at 3-5 rows 1.15-1.2x, at 8-16 the same; docs/results/zen2-epyc/
-// one-pass-ab.txt.) A column's sums are the same integers and float steps in the same order either way.
+// already in the cache, and the memory stood idle with nothing prefetched: SmolLM2's products at 1-4 rows
+// took 1.08-1.22x the time on Zen 2, at 8-16 the same; docs/results/zen2-epyc/one-pass-ab.txt.) A
+// column's sums are the same integers and float steps in the same order either way.
 template <int64_t KIND, int64_t R>
 SPECDEC_AVX2 void avx2_rows(const PackedActs& x, const uint8_t* w, int64_t stride, float* out, int64_t N, int64_t r0,
                             int64_t b0, int64_t b1) {
