@@ -121,6 +121,17 @@ inline void with_vectors(int64_t n, F&& f) {
   }(std::make_integer_sequence<int, MAX>{});
 }
 
+// The value row `ahead` rows on from row, on its way to the cache: attention streams a KV head's values
+// from the memory once a step, and the first use of each row waited on it (perf: ~60 % of weigh_tile's
+// samples on its first load). Prefetches never fault, past the cache's end included. Decoding SmolLM2 at
+// 1000-3000 keys, its attention 1.10x faster on Zen 2 (docs/results/zen2-epyc/attention-prefetch.txt).
+constexpr int64_t kValuesAhead = 32;
+
+SPECDEC_AVX2 inline void prefetch_row(const float* row, int64_t hd) {
+  for (int64_t o = 0; o < hd * 4; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(row + kValuesAhead * hd) + o, _MM_HINT_T0);
+}
+
 // acc[0, 8 NV) += sum_j weights[j] values[j][0, 8 NV) for j in [j0, j1), each lane summed over j
 // in order (continuing the sums a previous call left in acc).
 template <int NV>
@@ -131,6 +142,7 @@ SPECDEC_AVX2 inline void weigh_values(const float* weights, const float* values,
   for (int64_t j = j0; j < j1; ++j) {
     const __m256 w = _mm256_set1_ps(weights[j]);
     const float* row = values + j * hd;
+    prefetch_row(row, hd);
     for (int c = 0; c < NV; ++c) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * c), a[c]);
   }
   for (int c = 0; c < NV; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
@@ -216,6 +228,7 @@ SPECDEC_AVX2 inline void weigh_tile(const float* const* weights, const float* va
     for (int c = 0; c < NV; ++c) a[r][c] = _mm256_loadu_ps(acc[r] + 8 * c);
   for (int64_t j = j0; j < j1; ++j) {
     const float* row = values + j * hd;
+    prefetch_row(row, hd);
     __m256 v[NV];
     for (int c = 0; c < NV; ++c) v[c] = _mm256_loadu_ps(row + 8 * c);
     for (int r = 0; r < NQ; ++r) {
