@@ -11,7 +11,8 @@ The built-in models ship inside PyPI packages as GGUF files (no hub at run time)
 
 transformers dequantises a GGUF file on load (~20-50 s), so the first load converts it once into a
 plain float32 safetensors directory under the cache (SPECDEC_CACHE, default ~/.cache/specdec);
-later loads read that in about a second. Anything else is a local directory or a Hugging Face id.
+later loads read that in about a second. A .gguf file is run from its own blocks (gguf_file.py); anything
+else is a local directory or a Hugging Face id.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 
 from .config import BUILTIN_TARGETS
 from .errors import SpecdecError
+from .gguf_file import is_gguf_path, load_gguf_model
 from .paths import cache_dir, locked
 
 DTYPES = {"auto": None, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
@@ -154,6 +156,9 @@ class LoadedModel:
     tokenizer: object  # transformers PreTrainedTokenizerBase
     dtype: torch.dtype
     gguf: Path | None = None  # the GGUF file a built-in model was converted from (its blocks can serve as weights)
+    blocks_only: bool = False
+    """A .gguf target: the model holds no float weights for its linear layers, embedding and head (meta tensors);
+    they run on the file's blocks (gguf_file.py)."""
 
     @property
     def has_chat_template(self) -> bool:
@@ -241,6 +246,13 @@ def load_model(name: str, dtype: str | torch.dtype = "auto", device: str = "cpu"
     _quiet_transformers()
     dev = torch.device(device)
     torch_dtype = resolve_dtype(dtype, dev)
+    if is_gguf_path(name):
+        if torch_dtype != torch.float32 and dtype != "auto":
+            raise SpecdecError(f"a .gguf model runs on its blocks with float32 activations: use --dtype auto or float32, "
+                               f"not {dtype}")
+        model, tokenizer, file = load_gguf_model(name, device)
+        return LoadedModel(name=name, model=model, tokenizer=tokenizer, dtype=torch.float32, gguf=file.path,
+                           blocks_only=True)
     path = model_path(name)
     if os.path.sep in name and not os.path.isdir(name):
         raise SpecdecError(f"model directory {name!r} does not exist")

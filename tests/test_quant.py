@@ -482,16 +482,14 @@ def test_batched_generations_on_blocks_equal_each_alone(kernels, kinds):
     batch.close()
 
 
-def test_blocks_are_read_once_then_from_a_cached_copy(tmp_path, monkeypatch):
-    """GGUFWeights.read keeps a copy of the file's blocks (gguf's reader takes seconds on a real
-    file's metadata): a second read gives the same blocks from the copy, a changed file is read
-    again, an unreadable copy is replaced, not an error, and the copies stay one per file."""
+def test_blocks_are_mapped_from_the_file_and_indexed_once(tmp_path, monkeypatch):
+    """GGUFWeights.read maps the file's blocks through an index cached beside nothing but the index (gguf's
+    reader takes seconds on a real file's metadata): a second read parses nothing and gives the same blocks,
+    a changed file is indexed again, and an unreadable index is replaced, not an error."""
     import os
 
     import gguf
     import gguf.quants
-
-    from specdec.backends.gguf import _cached_copy
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "tiny.gguf"
@@ -514,30 +512,23 @@ def test_blocks_are_read_once_then_from_a_cached_copy(tmp_path, monkeypatch):
 
     write(0)
     parsed = GGUFWeights.read(path)
-    copies = list((tmp_path / "cache" / "gguf-blocks").glob("*.safetensors"))
-    assert len(copies) == 1 and parsed.skipped == {"blk.0.attn_k.weight": "F16"}
+    indexes = list((tmp_path / "cache" / "gguf-files").glob("*/index.json"))
+    assert len(indexes) == 1 and parsed.skipped == {"blk.0.attn_k.weight": "F16"}
     assert parsed.tensors["blk.0.attn_q.weight"].blocks.shape == (8, 68)
-    monkeypatch.setattr(GGUFWeights, "_parse", None)  # a second read must not parse the file
+    assert torch.equal(parsed.file.dense("blk.0.attn_k.weight"),
+                       torch.from_numpy(np.random.default_rng(0).standard_normal((8, 64)).astype(np.float16).astype(np.float32)))
+    monkeypatch.setattr(gguf, "GGUFReader", None)  # a second read must not parse the file
     assert same(GGUFWeights.read(path), parsed)
     monkeypatch.undo()
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    copies[0].write_bytes(b"not safetensors")
-    assert same(GGUFWeights.read(path), parsed)  # read again, the copy rewritten
+    indexes[0].write_text("not an index")
+    assert same(GGUFWeights.read(path), parsed)  # indexed again, the index rewritten
     assert same(GGUFWeights.read(path), parsed)
     before = path.stat().st_mtime_ns
     write(1)
     os.utime(path, ns=(before + 10**9, before + 10**9))  # a later time even where timestamps are coarse
     changed = GGUFWeights.read(path)
     assert not torch.equal(changed.tensors["blk.0.attn_q.weight"].blocks, parsed.tensors["blk.0.attn_q.weight"].blocks)
-    folder = tmp_path / "cache" / "gguf-blocks"
-    assert len(list(folder.glob("*.safetensors"))) == 1  # the changed file's copy replaced the old one
-    # a file that moved (a package reinstalled elsewhere): its new copy is made, the old one's and a copy
-    # of the layout before (named by the file's time) are deleted, and no temporary file is left
-    (folder / "tiny-1234-1796283427740542757.safetensors").write_bytes(b"an old copy")
-    moved = tmp_path / "moved.gguf"
-    path.rename(moved)
-    assert same(GGUFWeights.read(moved), changed)
-    assert [p.name for p in folder.iterdir() if not p.name.endswith(".lock")] == [_cached_copy(moved).name]
 
 
 # --- the built-in model's file --------------------------------------------------------------------

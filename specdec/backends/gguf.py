@@ -1,4 +1,4 @@
-"""A built-in target's GGUF blocks as the lean backend's weights (`--weights gguf`).
+"""A GGUF file's blocks as the lean backend's weights: a built-in target's (`--weights gguf`) or a .gguf target's.
 
 The built-in models are 4-bit GGUF files; transformers loads them by dequantising to float, and a
 float32 step then reads 4 bytes a weight (SmolLM2-135M: ~540 MB a token) where the file holds ~0.6
@@ -8,8 +8,9 @@ weights transformers loaded (tests/test_quant.py checks every matrix), so the mo
 only float32 rounding differs (the order of the sums, and where each group's scale is applied);
 activations stay float32.
 
-Matrices whose block type the kernels do not read keep their float weights; the backend's
-`numeric_path` says how much of the model ran on blocks.
+Matrices whose block type the kernels do not read keep their float weights (a .gguf target's are
+dequantised from the file for those matrices alone); the backend's `numeric_path` says how much of the
+model ran on blocks.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..config import BUILTIN_TARGETS, QUANTISED_WEIGHTS, WEIGHTS
 from ..errors import SpecdecError
+from ..gguf_file import GGUFFile, is_gguf_path, readable_types
 from ..modeling import quant
 
 _LAYER_NAMES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output", "gate": "ffn_gate", "up": "ffn_up",
@@ -36,131 +39,30 @@ def _unpermute(w: quant.QuantWeight, heads: int) -> quant.QuantWeight:
     return w.rows(order)
 
 
-_COPY_FORMAT = 2
-
-
-def _cached_copy(path: Path) -> Path:
-    """Where GGUFWeights.read keeps its copy of `path`'s blocks: one per file, named by its name, size
-    and where it lies. The copy records the file's modification time, so a changed file (a package
-    reinstalled) is read again and its copy replaced, not joined by another (keyed by the time, every
-    reinstall left a 96 MB copy behind)."""
-    import hashlib
-
-    from ..paths import cache_dir
-
-    where = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    return cache_dir() / "gguf-blocks" / f"{path.stem}-{path.stat().st_size}-{where}.safetensors"
-
-
-def _copy_metadata(copy: Path) -> dict:
-    import json
-
-    from safetensors import safe_open
-
-    with safe_open(str(copy), framework="pt") as f:
-        return json.loads(f.metadata()["specdec"])
-
-
-def _prune_copies(folder: Path, keep: Path) -> None:
-    """Delete the copies of files that no longer exist (an uninstalled package) and those of the
-    layout before (named by the file's time)."""
-    for other in folder.glob("*.safetensors"):
-        if other == keep:
-            continue
-        try:
-            source = _copy_metadata(other).get("source")
-        except Exception:  # unreadable, or not specdec's
-            source = None
-        if source is None or not Path(source).exists():
-            other.unlink(missing_ok=True)
-            other.with_name(other.name + ".lock").unlink(missing_ok=True)
-
-
 @dataclass
 class GGUFWeights:
-    """The blocks of one GGUF file that quant.cpp reads, by GGUF tensor name."""
+    """The blocks of one GGUF file that quant.cpp reads, by GGUF tensor name, memory-mapped from the file
+    (gguf_file.GGUFFile indexes it once and caches the index, so a second load parses nothing)."""
 
-    path: Path
+    path: Path | None
     arch: str
     tensors: dict[str, quant.QuantWeight]
     skipped: dict[str, str] = field(default_factory=dict)  # name -> block type the kernels do not read
+    file: GGUFFile | None = None
 
     @classmethod
-    def read(cls, path: Path) -> GGUFWeights:
-        """The file's blocks, from a copy cached after the first read (gguf's reader parses every
-        metadata field, the tokenizer's strings included: 3.7 s for SmolLM2's file here, 16.5 s for
-        Gemma-3's, where the copy loads in 0.01 s); the copy is keyed by the file's size and time."""
-        path = Path(path)
-        copy = _cached_copy(path)
-        if copy.is_file():
-            try:
-                return cls._load_copy(path, copy)
-            except Exception:  # unreadable or from another layout: read the file again and rewrite it
-                pass
-        weights = cls._parse(path)
-        weights._save_copy(copy)
-        return weights
-
-    def _save_copy(self, copy: Path) -> None:
-        import json
-        import os
-        import tempfile
-
-        from safetensors.torch import save_file
-
-        from ..paths import locked
-
-        meta = {"format": _COPY_FORMAT, "arch": self.arch, "skipped": self.skipped,
-                "source": str(self.path.resolve()), "mtime_ns": self.path.stat().st_mtime_ns,
-                "kinds": {name: w.kind for name, w in self.tensors.items()},
-                "in_features": {name: w.in_features for name, w in self.tensors.items()}}
-        try:
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            with locked(copy):
-                handle, tmp = tempfile.mkstemp(prefix=f".{copy.stem}-", suffix=".tmp", dir=copy.parent)
-                os.close(handle)
-                try:
-                    save_file({name: w.blocks for name, w in self.tensors.items()}, tmp,
-                              metadata={"specdec": json.dumps(meta)})
-                    os.replace(tmp, copy)
-                finally:
-                    Path(tmp).unlink(missing_ok=True)
-                _prune_copies(copy.parent, copy)
-        except OSError:  # a read-only cache: the next load reads the file again
-            pass
-
-    @classmethod
-    def _load_copy(cls, path: Path, copy: Path) -> GGUFWeights:
-        import json
-
-        from safetensors import safe_open
-
-        with safe_open(str(copy), framework="pt") as f:
-            meta = json.loads(f.metadata()["specdec"])
-            if meta["format"] != _COPY_FORMAT:
-                raise ValueError("another layout")
-            if meta["mtime_ns"] != path.stat().st_mtime_ns:
-                raise ValueError("the file changed since")
-            tensors = {name: quant.QuantWeight(f.get_tensor(name), int(meta["kinds"][name]),
-                                               int(meta["in_features"][name])) for name in f.keys()}
-        return cls(path, meta["arch"], tensors, dict(meta["skipped"]))
-
-    @classmethod
-    def _parse(cls, path: Path) -> GGUFWeights:
-        import gguf
-
-        reader = gguf.GGUFReader(str(path))
-        arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    def read(cls, path: Path | GGUFFile) -> GGUFWeights:
+        file = path if isinstance(path, GGUFFile) else GGUFFile.open(path)
         tensors, skipped = {}, {}
-        for tensor in reader.tensors:
-            if len(tensor.shape) != 2:
+        names = readable_types()
+        for name, entry in file.tensors.items():
+            if len(entry.shape) != 2:
                 continue
-            kind = int(tensor.tensor_type)
-            if kind in quant.KINDS.values():
-                tensors[tensor.name] = quant.QuantWeight(torch.from_numpy(tensor.data.copy()), kind, int(tensor.shape[0]))
+            if entry.kind in quant.KINDS.values():
+                tensors[name] = quant.QuantWeight(torch.from_numpy(file.raw(name)), entry.kind, entry.shape[1])
             else:
-                skipped[tensor.name] = tensor.tensor_type.name
-        return cls(path, arch, tensors, skipped)
+                skipped[name] = names.get(entry.kind, str(entry.kind))
+        return cls(file.path, file.arch, tensors, skipped, file)
 
     def layer(self, index: int, part: str, heads: int | None = None) -> quant.QuantWeight | None:
         """A layer's projection (q, k, v, o, gate, up, down) in transformers' row order, or None when
@@ -170,11 +72,54 @@ class GGUFWeights:
             w = _unpermute(w, heads)
         return w
 
+    def _head_name(self) -> str:
+        return "output.weight" if "output.weight" in self.tensors or "output.weight" in self.skipped else "token_embd.weight"
+
     def lm_head(self) -> quant.QuantWeight | None:
         """The output projection (the token embedding where the file ties them)."""
-        if "output.weight" in self.tensors or "output.weight" in self.skipped:
-            return self.tensors.get("output.weight")
-        return self.tensors.get("token_embd.weight")
+        return self.tensors.get(self._head_name())
+
+    def dense_layer(self, index: int, part: str, heads: int | None = None) -> torch.Tensor:
+        """A layer's projection dequantised to float32 (a block type the kernels do not read), in
+        transformers' row order."""
+        w = self._dense(f"blk.{index}.{_LAYER_NAMES[part]}.weight")
+        if heads is not None and self.arch == "llama":
+            n = w.shape[0]
+            w = w.reshape(heads, n // heads // 2, 2, -1).transpose(1, 2).reshape(n, -1)
+        return w
+
+    def dense_head(self) -> torch.Tensor:
+        return self._dense(self._head_name())
+
+    def _dense(self, name: str) -> torch.Tensor:
+        if self.file is None:
+            raise SpecdecError(f"tensor {name} has no blocks the kernels read, and no file to dequantise it from")
+        return self.file.dense(name)
+
+    def embedding(self) -> EmbeddingRows:
+        """The token embedding, rows dequantised as they are looked up."""
+        if self.file is None or "token_embd.weight" not in self.file.tensors:
+            raise SpecdecError("the GGUF file holds no token embedding (token_embd.weight)")
+        return EmbeddingRows(self.file, "token_embd.weight")
+
+
+class EmbeddingRows:
+    """A GGUF file's token embedding as blocks: `rows[ids]` dequantises just those rows to float32 (the
+    whole table in float32 would be 0.5-2 GB for a 7 B model's vocabulary)."""
+
+    def __init__(self, file: GGUFFile, name: str):
+        self.blocks = file.raw(name)
+        self.kind = file.tensors[name].kind
+        self.shape = file.tensors[name].shape
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+
+    def __getitem__(self, ids: torch.Tensor) -> torch.Tensor:
+        from gguf.quants import dequantize
+
+        flat = ids.reshape(-1).numpy()
+        values = dequantize(np.ascontiguousarray(self.blocks[flat]), self.kind)
+        return torch.from_numpy(np.array(values, dtype=np.float32).reshape(*ids.shape, self.shape[1]))
 
 
 class QuantisedWeights:
@@ -234,6 +179,8 @@ def load_dtype(dtype: str, weights: str, target: str, backend: str = "auto", dev
     if dtype == "auto" and (weights in QUANTISED_WEIGHTS or blocks_drafter) and backend != "transformers" \
             and device == "cpu":
         return "float32"  # the blocks take float32 activations, whatever the target
+    if is_gguf_path(target):  # a .gguf target runs on its blocks only, which take float32 activations
+        return "float32" if dtype == "auto" else dtype
     if dtype != "auto" or target not in BUILTIN_TARGETS or backend == "transformers" or device != "cpu":
         return dtype
     if weights in ("gguf", "gguf-int8") or (weights == "auto" and quant.packed_int8()):  # blocks_drafter: above
@@ -258,7 +205,7 @@ def choose_weights(choice: str, gguf_path: Path | None, dtype: torch.dtype, dtyp
     insist = choice != "auto"
     problems = []
     if gguf_path is None:
-        problems.append("the target is not a built-in GGUF model (smollm2-135m, gemma3-270m)")
+        problems.append("the target is not a GGUF model (a built-in, smollm2-135m or gemma3-270m, or a .gguf file)")
     if dtype != torch.float32:
         problems.append(f"GGUF blocks run with float32 activations, and the dtype is {str(dtype).removeprefix('torch.')} "
                         "(use --dtype float32 or auto)")

@@ -96,7 +96,8 @@ class LeanBackend(Backend):
         config = model.config
         self.model = model  # the transformers model the weights come from (peers and drafters reuse it)
         self.gemma = config.model_type == "gemma3_text"
-        self.device = model.device
+        # a GGUF file's model is on the meta device but for its norms: its weights are the file's blocks (gguf_file.py)
+        self.device = torch.device("cpu") if model.device.type == "meta" else model.device
         self.dtype = next(model.parameters()).dtype
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.max_length = config.max_position_embeddings
@@ -137,10 +138,12 @@ class LeanBackend(Backend):
         self.params_on_blocks = self.params_total = 0
         linear = packed_linear if self.packed else torch.nn.functional.linear
         with torch.no_grad():
-            self.embed = inner.embed_tokens.weight.detach()
+            embed = inner.embed_tokens.weight
+            self.embed = self._file().embedding() if embed.is_meta else embed.detach()
             self.embed_scale = (torch.tensor(config.hidden_size ** 0.5, dtype=self.dtype) if self.gemma else None)
             head = model.get_output_embeddings().weight
-            self.lm_head = self._weight(head, self.gguf.lm_head() if self.gguf else None)
+            self.lm_head = self._weight(head, self.gguf.lm_head() if self.gguf else None,
+                                        dense=lambda: self._file().dense_head())
             self.final_norm = self._norm_weight(inner.norm.weight)
             layers = [self._layer(layer, i, config) for i, layer in enumerate(inner.layers)]
         kinds = sorted({layer.rope for layer in layers})
@@ -154,6 +157,15 @@ class LeanBackend(Backend):
         self.decoder = Decoder(self.arch, layers, rope, linear, kern, rows, step,
                                kernel_rows=None if self.tiles else KERNEL_ROWS)
         self.cache = self.decoder.new_cache(self.max_length)
+        if self._pack_int8 and isinstance(self.gguf, GGUFWeights) and self.gguf.file is not None:
+            self.gguf.file.release_pages()  # the blocks were repacked into memory: the file's pages need not stay
+
+    def _file(self) -> GGUFWeights:
+        """The GGUF file the weights are read from, where the model holds no float weights (a .gguf target)."""
+        if not isinstance(self.gguf, GGUFWeights) or self.gguf.file is None:
+            raise SpecdecError("this model's weights are a GGUF file's blocks and run on quant.cpp only: "
+                               "use --weights auto (or gguf, gguf-int8) and --dtype float32 or auto")
+        return self.gguf
 
     @property
     def kernels(self):
@@ -200,19 +212,24 @@ class LeanBackend(Backend):
             kind, window = "default", sliding_window(config, index)
         blocks = self.gguf.layer if self.gguf else (lambda *_, **__: None)
         heads = {"q": config.num_attention_heads, "k": config.num_key_value_heads}
+
+        def dense(*parts):  # the float weight of parts the model holds none of (a .gguf target): from the file
+            return lambda: torch.cat([self._file().dense_layer(index, p, heads.get(p)) for p in parts])
+
         qkv = [blocks(index, part, heads[part] if part in heads else None) for part in ("q", "k", "v")]
         gate_up = [blocks(index, part) for part in ("gate", "up")]
         return LayerWeights(
-            wqkv=self._weight(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), *qkv),
-            wo=self._weight(attn.o_proj.weight, blocks(index, "o")),
-            wgu=self._weight(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), *gate_up),
-            wdown=self._weight(mlp.down_proj.weight, blocks(index, "down")), norms=norms, rope=kind, window=window,
-            bqkv=qkv_bias(attn))
+            wqkv=self._weight(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]), *qkv,
+                              dense=dense("q", "k", "v")),
+            wo=self._weight(attn.o_proj.weight, blocks(index, "o"), dense=dense("o")),
+            wgu=self._weight(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), *gate_up, dense=dense("gate", "up")),
+            wdown=self._weight(mlp.down_proj.weight, blocks(index, "down"), dense=dense("down")), norms=norms, rope=kind,
+            window=window, bqkv=qkv_bias(attn))
 
-    def _weight(self, weight: torch.Tensor, *blocks: quant.QuantWeight | None):
+    def _weight(self, weight: torch.Tensor, *blocks: quant.QuantWeight | None, dense=None):
         """A matrix as the decoder multiplies it: the GGUF blocks of its parts when every part has
         blocks quant.cpp reads (several parts fused), else the float weight, pre-packed for oneDNN
-        where it can be."""
+        where it can be (`dense()` makes it where the model holds none: a .gguf target's other block types)."""
         if self.gguf is not None:
             chosen = quant.fuse(list(blocks)) if blocks and all(b is not None for b in blocks) else None
             self.params_total += weight.numel()
@@ -222,6 +239,10 @@ class LeanBackend(Backend):
             if chosen is not None:
                 self.params_on_blocks += weight.numel()
                 return quant.pack_int8(chosen) if self._pack_int8 else chosen
+        if weight.is_meta:
+            if dense is None:
+                raise SpecdecError("a weight of this GGUF model has no blocks the kernels read and no float copy")
+            weight = dense()
         if self._pack_tiles is not None:
             return self._pack_tiles(weight)
         return pack(weight) if self.packed else weight.detach().contiguous()
@@ -359,6 +380,15 @@ def target_backend(loaded, prefer: str = "auto", weights: str = "auto", dtype_ch
     GGUF file's blocks where `weights` (config.WEIGHTS) says so (backends/gguf.choose_weights)."""
     if prefer not in BACKENDS:
         raise ValueError(f"unknown backend {prefer!r}: use {', '.join(BACKENDS)}")
+    if getattr(loaded, "blocks_only", False):  # a .gguf target: its weights are the file's blocks, nothing else
+        if weights not in ("auto", "gguf", "gguf-int8"):
+            raise SpecdecError(f"--weights {weights}: a .gguf target runs on the file's own blocks (--weights auto, gguf "
+                               "or gguf-int8); for float or requantised weights give a Hugging Face directory")
+        if prefer == "transformers":
+            raise SpecdecError("a .gguf target runs on the lean backend (its blocks on quant.cpp): use --backend auto")
+        gguf = choose_weights("gguf-int8" if weights == "auto" else weights, loaded.gguf, loaded.dtype, dtype_choice,
+                              "lean", asked_by=f"the .gguf target ({weights} weights)")
+        return make_backend(loaded.model, "lean", gguf=gguf, int8_activations=weights in ("auto", "gguf-int8"))
     if weights in QUANTISED_WEIGHTS:
         return quantised_backend(loaded.model, weights, loaded.dtype, prefer)
     runs_on = prefer if supports(loaded.model) else "transformers"

@@ -120,6 +120,10 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
         loaded = load_model(draft, dtype, device)
         check_same_tokenizer(target.tokenizer, loaded.tokenizer, target.name, draft)
         target_width = target.model.get_output_embeddings().weight.shape[0]
+        if loaded.blocks_only:  # a .gguf draft model: on its own blocks, int8 activations
+            from ..backends import target_backend
+
+            return ModelDrafter(target_backend(loaded, backend), target_width, label=Path(draft).name or draft)
         return ModelDrafter(make_backend(loaded.model, backend), target_width, label=Path(draft).name or draft)
     if kind == "self-q4":
         if target_on_blocks:

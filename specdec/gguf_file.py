@@ -1,0 +1,321 @@
+"""A GGUF file (llama.cpp's format, what Ollama and LM Studio hold) as a model specdec runs without a float copy.
+
+`GGUFFile.open(path)` indexes the file once: where each tensor's blocks lie, its metadata as a transformers
+config, and its tokenizer and chat template as transformers reads them. The index and the tokenizer are kept
+in the cache (SPECDEC_CACHE, default ~/.cache/specdec, under gguf-files/), keyed by the file's path and size and
+checked against its modification time, so a second load parses no metadata (gguf's reader takes seconds on a
+real vocabulary); the blocks are memory-mapped from the file itself, never copied to disk.
+
+`load_gguf_model` builds the transformers model on the meta device and fills only its small tensors (norms,
+biases) from the file: the linear layers, the embedding and the LM head stay the file's blocks, which the lean
+backend multiplies (backends/gguf.py) and looks rows up in. A block type the kernels do not read is
+dequantised to float32 for that matrix alone (the stats say how much of the model ran on blocks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import SpecdecError
+from .paths import cache_dir, locked
+
+ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
+"""GGUF's general.architecture -> transformers' model_type, for the architectures the lean backend runs."""
+
+_INDEX_FORMAT = 1
+_MAGIC = b"GGUF"
+
+
+def _type_names() -> dict[int, str]:
+    from gguf import GGMLQuantizationType
+
+    return {int(t): t.name for t in GGMLQuantizationType}
+
+
+def readable_types() -> dict[int, str]:
+    """The block types a GGUF file may hold here: every type gguf-py dequantises (those quant.cpp does not
+    multiply run on their dequantised float32 weights)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import _type_traits
+
+    kinds = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, *_type_traits}
+    return {int(k): GGMLQuantizationType(k).name for k in kinds}
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    """Where one tensor lies in the file: ggml's type id, its shape outermost first (rows, columns for a
+    matrix: transformers' order), and its bytes' offset and length."""
+
+    kind: int
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def _index_dir(path: Path) -> Path:
+    where = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    return cache_dir() / "gguf-files" / f"{path.stem}-{path.stat().st_size}-{where}"
+
+
+def _check_header(path: Path) -> None:
+    """A clear error for what is not a GGUF file at all (before gguf's reader fails on it)."""
+    if not path.is_file():
+        raise SpecdecError(f"GGUF file {str(path)!r} does not exist")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if len(head) < 8 or head[:4] != _MAGIC:
+        raise SpecdecError(f"{str(path)!r} is not a GGUF file (it does not start with the bytes 'GGUF'): give a .gguf "
+                           "file as llama.cpp's convert_hf_to_gguf.py or a model hub writes it")
+
+
+class GGUFFile:
+    """A GGUF file's tensor index, architecture and (lazily) transformers config and tokenizer."""
+
+    def __init__(self, path: Path, arch: str, tensors: dict[str, TensorEntry], index_dir: Path):
+        self.path, self.arch, self.tensors, self.index_dir = path, arch, tensors, index_dir
+        self._map: np.ndarray | None = None
+
+    @classmethod
+    def open(cls, path: str | Path) -> GGUFFile:
+        """The file's index: from the cache where it was made for this very file, else made now (and cached)."""
+        path = Path(path)
+        _check_header(path)
+        folder = _index_dir(path)
+        index = folder / "index.json"
+        mtime = path.stat().st_mtime_ns
+        cached = cls._read_index(path, index, mtime)
+        if cached is not None:
+            return cached
+        with locked(folder):
+            cached = cls._read_index(path, index, mtime)
+            if cached is not None:
+                return cached
+            made = cls._index(path, folder)
+            made._write_index(mtime)
+            return made
+
+    @classmethod
+    def _read_index(cls, path: Path, index: Path, mtime: int) -> GGUFFile | None:
+        try:
+            meta = json.loads(index.read_text())
+        except (OSError, ValueError):
+            return None
+        if meta.get("format") != _INDEX_FORMAT or meta.get("mtime_ns") != mtime:
+            return None
+        tensors = {name: TensorEntry(kind, tuple(shape), offset, nbytes)
+                   for name, (kind, shape, offset, nbytes) in meta["tensors"].items()}
+        return cls(path, meta["arch"], tensors, index.parent)
+
+    @classmethod
+    def _index(cls, path: Path, folder: Path) -> GGUFFile:
+        import gguf
+
+        try:
+            reader = gguf.GGUFReader(str(path))
+        except Exception as exc:  # a truncated or damaged file: gguf raises ValueError, struct.error, IndexError...
+            raise SpecdecError(f"cannot read the GGUF file {str(path)!r}: {type(exc).__name__}: {exc}. The file is "
+                               "damaged or truncated (an interrupted download?): download or convert it again") from None
+        field = reader.fields.get("general.architecture")
+        if field is None:
+            raise SpecdecError(f"the GGUF file {str(path)!r} names no architecture (general.architecture): it is not a "
+                               "model file llama.cpp would load")
+        arch = bytes(field.parts[-1]).decode()
+        size = path.stat().st_size
+        tensors = {}
+        for t in reader.tensors:
+            end = int(t.data_offset) + int(t.n_bytes)
+            if end > size:
+                raise SpecdecError(f"the GGUF file {str(path)!r} is truncated: tensor {t.name} ends at byte {end}, the file "
+                                   f"holds {size}. Download or convert it again")
+            shape = tuple(int(n) for n in reversed([int(x) for x in t.shape]))
+            tensors[t.name] = TensorEntry(int(t.tensor_type), shape, int(t.data_offset), int(t.n_bytes))
+        return cls(path, arch, tensors, folder)
+
+    def _write_index(self, mtime: int) -> None:
+        meta = {"format": _INDEX_FORMAT, "source": str(self.path.resolve()), "mtime_ns": mtime, "arch": self.arch,
+                "tensors": {name: [e.kind, list(e.shape), e.offset, e.nbytes] for name, e in self.tensors.items()}}
+        try:
+            self.index_dir.mkdir(parents=True, exist_ok=True)
+            _write_atomic(self.index_dir / "index.json", json.dumps(meta))
+        except OSError:  # a read-only cache: the next load indexes the file again
+            pass
+
+    # -- the blocks ------------------------------------------------------------------------------------
+
+    def _mapped(self) -> np.ndarray:
+        if self._map is None:
+            # copy-on-write: torch wants writable memory; nothing writes, so every page stays the file's
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="c")
+        return self._map
+
+    def raw(self, name: str) -> np.ndarray:
+        """A tensor's bytes, memory-mapped: (rows, bytes of a row) for a matrix, flat for a vector."""
+        e = self.tensors[name]
+        data = self._mapped()[e.offset : e.offset + e.nbytes]
+        return data.reshape(e.shape[0], -1) if len(e.shape) == 2 else data
+
+    def dense(self, name: str) -> torch.Tensor:
+        """A tensor dequantised to float32, in its shape (outermost first)."""
+        from gguf.quants import dequantize
+
+        e = self.tensors[name]
+        if e.kind not in readable_types():
+            raise SpecdecError(f"{self.path.name}: tensor {name} has block type {_type_names().get(e.kind, e.kind)}, "
+                               f"which specdec cannot read (it reads {', '.join(readable_types().values())})")
+        values = dequantize(np.ascontiguousarray(self.raw(name)), e.kind)
+        return torch.from_numpy(np.array(values, dtype=np.float32).reshape(e.shape))
+
+    def release_pages(self) -> None:
+        """Drop the file's pages from this process's resident set (after the blocks were repacked into memory:
+        pages still read are mapped in again from the page cache)."""
+        if self._map is not None and hasattr(self._map, "_mmap") and hasattr(mmap, "MADV_DONTNEED"):
+            try:
+                self._map._mmap.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):
+                pass
+
+    # -- what transformers reads from the metadata -------------------------------------------------------
+
+    def model_type(self) -> str:
+        if self.arch not in ARCHITECTURES:
+            raise SpecdecError(f"{self.path.name}: the GGUF architecture {self.arch!r} does not run here; specdec runs "
+                               f"{', '.join(ARCHITECTURES)} GGUF files")
+        return ARCHITECTURES[self.arch]
+
+    def config(self):
+        """The transformers config of the model the file holds (cached beside the index)."""
+        from transformers import AutoConfig
+
+        self.model_type()
+        saved = self.index_dir / "config.json"
+        if not saved.is_file():
+            from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+            with locked(saved):
+                if not saved.is_file():
+                    try:
+                        parsed = load_gguf_checkpoint(str(self.path), return_tensors=False)["config"]
+                    except (ValueError, KeyError, NotImplementedError) as exc:
+                        raise SpecdecError(f"cannot read the model's settings from {self.path.name}: {exc}") from None
+                    model_type = parsed.pop("model_type")
+                    parsed.pop("_model_name_or_path", None)
+                    q = self.tensors.get("blk.0.attn_q.weight")
+                    if q is not None and parsed.get("num_attention_heads"):  # not every architecture's keys carry it
+                        parsed["head_dim"] = q.shape[0] // parsed["num_attention_heads"]
+                    config = AutoConfig.for_model(model_type, **parsed)
+                    self._save(lambda d: config.save_pretrained(d), "config.json")
+        return AutoConfig.from_pretrained(str(self.index_dir), local_files_only=True)
+
+    def tokenizer(self):
+        """The file's tokenizer and chat template, as transformers builds them from the metadata (cached)."""
+        from transformers import AutoTokenizer
+
+        folder = self.index_dir / "tokenizer"
+        if not (folder / "tokenizer_config.json").is_file():
+            with locked(folder):
+                if not (folder / "tokenizer_config.json").is_file():
+                    try:
+                        tokenizer = AutoTokenizer.from_pretrained(str(self.path.parent), gguf_file=self.path.name)
+                    except Exception as exc:  # transformers' GGUF tokenizer conversion raises many kinds
+                        raise SpecdecError(f"cannot build the tokenizer from {self.path.name}'s metadata: "
+                                           f"{type(exc).__name__}: {exc}") from None
+                    self._save(lambda d: tokenizer.save_pretrained(d), "tokenizer")
+        return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+    def _save(self, write, name: str) -> None:
+        """Write `name` into the index folder through a staging folder (a reader never sees it half-written)."""
+        self.index_dir.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.index_dir))
+        try:
+            write(staging)
+            target = self.index_dir / name
+            if name.endswith(".json"):
+                os.replace(staging / name, target)
+            else:
+                shutil.rmtree(target, ignore_errors=True)
+                staging.rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def is_gguf_path(name: str) -> bool:
+    """Whether a model name means a GGUF file (by its suffix, or an existing file that is not a directory)."""
+    return isinstance(name, str) and (name.lower().endswith(".gguf") or (os.path.isfile(name) and _starts_gguf(name)))
+
+
+def _starts_gguf(name: str) -> bool:
+    try:
+        with open(name, "rb") as f:
+            return f.read(4) == _MAGIC
+    except OSError:
+        return False
+
+
+_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def load_gguf_model(path: str | Path, device: str = "cpu"):
+    """The transformers model a GGUF file holds, on the meta device but for its small tensors (norms, biases,
+    rotary tables), which come from the file; the linear layers, embedding and LM head stay the file's blocks
+    (backends/gguf.GGUFWeights serves them). Returns (model, tokenizer, GGUFFile)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    if torch.device(device).type != "cpu":
+        raise SpecdecError(f"a GGUF file runs on the CPU (its blocks are multiplied by quant.cpp), not on {device}")
+    file = GGUFFile.open(path)
+    model_type = file.model_type()
+    config = file.config()
+    tokenizer = file.tokenizer()
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.eval()
+    gguf_arch = "gemma3" if model_type == "gemma3_text" else model_type
+    processor = TENSOR_PROCESSORS.get(gguf_arch, TensorProcessor)(config=config.to_dict())
+    names = get_gguf_hf_weights_map(model, processor, model_type=model_type, num_layers=config.num_hidden_layers)
+    params = dict(model.named_parameters())
+    missing = [hf for gguf_name, hf in names.items() if gguf_name not in file.tensors
+               and not hf.endswith(("lm_head.weight",)) and hf in params]
+    if missing:
+        raise SpecdecError(f"{file.path.name} lacks tensors a {model_type} model needs, e.g. "
+                           f"{', '.join(sorted(missing)[:3])}: it is not a complete {file.arch} model file")
+    for gguf_name, hf_name in names.items():
+        if gguf_name not in file.tensors or hf_name not in params:
+            continue
+        if hf_name.endswith(".weight") and hf_name.rsplit(".", 2)[-2] in (*_PROJECTIONS, "embed_tokens", "lm_head"):
+            continue  # blocks: read by GGUFWeights
+        values = processor.process(file.dense(gguf_name).numpy(), gguf_name).weights
+        tensor = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+        expected = params[hf_name].shape
+        if tuple(tensor.shape) != tuple(expected):
+            raise SpecdecError(f"{file.path.name}: tensor {gguf_name} is {tuple(tensor.shape)}, the model's settings "
+                               f"want {tuple(expected)}: the file's metadata and tensors disagree")
+        module_name, _, attr = hf_name.rpartition(".")
+        model.get_submodule(module_name)._parameters[attr] = torch.nn.Parameter(tensor, requires_grad=False)
+    for module_name, module in list(model.named_modules()):
+        if type(module).__name__.endswith("RotaryEmbedding"):  # its tables are buffers made at init: make them here
+            parent, _, attr = module_name.rpartition(".")
+            with torch.device("cpu"):
+                setattr(model.get_submodule(parent) if parent else model, attr, type(module)(config=config))
+    return model, tokenizer, file

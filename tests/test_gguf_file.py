@@ -1,0 +1,180 @@
+"""A user's GGUF file as a target and a drafter: tiny files this test writes with the `gguf` package (each
+architecture, each block type), their logits against the dequantised model transformers loads from the same
+file, greedy speculative = plain, bad and truncated files, the cached index, and the zero-padded model."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from specdec.bench.gguf_models import Shape, write_padded, write_random
+from specdec.errors import SpecdecError
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+TINY = Shape(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512)
+QWEN3 = Shape(hidden=256, layers=2, heads=2, kv_heads=1, ffn=512, head_dim=128)  # transformers' Qwen3 head size
+VOCAB = 600  # the built-in SmolLM2 tokenizer's first 600 tokens and the merges among them
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    """Indexes of the files written here go to a cache of this module's own, not the shared one (which
+    keeps the compiled kernels: linked)."""
+    from specdec.paths import cache_dir
+
+    own = tmp_path_factory.getbasetemp() / "gguf-cache"
+    if not own.exists():
+        own.mkdir()
+        (cache_dir() / "kernels").mkdir(parents=True, exist_ok=True)
+        (own / "kernels").symlink_to(cache_dir() / "kernels", target_is_directory=True)
+    monkeypatch.setenv("SPECDEC_CACHE", str(own))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, kernels_or_skip):
+    root = tmp_path_factory.mktemp("gguf")
+    made = {}
+    for arch, kind in [("llama", k) for k in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16",
+                                              "BF16", "F32")] + [("qwen2", "Q8_0"), ("qwen2", "Q6_K"), ("qwen3", "Q4_K")]:
+        made[arch, kind] = write_random(root / f"{arch}-{kind}.gguf", arch, kind=kind, seed=len(made),
+                                        shape=QWEN3 if arch == "qwen3" else TINY, vocab=VOCAB)
+    return made
+
+
+@pytest.fixture(scope="module")
+def kernels_or_skip():
+    from specdec.modeling import quant, rowops
+
+    if quant.load() is None or rowops.load() is None:
+        pytest.skip(f"quant.cpp does not run here: {quant.unavailable_reason()}")
+
+
+def _reference_logits(path, ids: torch.Tensor) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    with torch.no_grad():
+        return model(ids[None]).logits[0]
+
+
+@pytest.mark.parametrize("arch,kind", [("llama", k) for k in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K",
+                                                               "Q6_K", "F16", "BF16", "F32")]
+                         + [("qwen2", "Q8_0"), ("qwen2", "Q6_K"), ("qwen3", "Q4_K")])
+def test_logits_are_the_dequantised_models(files, arch, kind):
+    """The file's blocks (or, for a type the kernels do not read, its matrices dequantised) give the logits
+    transformers computes from the same file dequantised, within float32 rounding; with int8 activations
+    (the default), within llama.cpp's quantisation of the activations."""
+    from specdec.backends import target_backend
+    from specdec.models import load_model
+
+    path = files[arch, kind]
+    loaded = load_model(str(path))
+    assert loaded.blocks_only and loaded.model.model.layers[0].self_attn.q_proj.weight.is_meta
+    ids = torch.tensor(loaded.tokenizer("Hello world, this is a test of the file")["input_ids"])
+    want = _reference_logits(path, ids)
+    exact = target_backend(loaded, weights="gguf")
+    got = exact.forward(ids)
+    scale = want.abs().max().item()
+    assert (got - want).abs().max().item() <= 2e-5 * scale, (arch, kind)
+    on_kernels = kind in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+    assert exact.params_on_blocks == (exact.params_total if on_kernels else 0)
+    fast = target_backend(loaded)  # auto: int8 activations
+    assert "int8" in fast.path
+    rel = ((fast.forward(ids) - want).norm() / want.norm()).item()
+    assert rel < 0.05, (arch, kind, rel)
+
+
+def test_greedy_speculation_equals_plain_and_drafts_get_accepted(files):
+    """On a .gguf target the speculative output at T = 0 is plain decoding's, and prompt lookup on a text
+    the model repeats gets drafts accepted; a .gguf file drafts for a .gguf target of the same tokenizer."""
+    from specdec.api import SpecDec
+
+    target = str(files["llama", "Q4_K"])
+    prompt = "the cat sat on the mat. the cat sat on the mat. the cat sat on the mat. the cat"
+    plain = SpecDec(target=target, drafter="none").generate(prompt, max_new_tokens=40, chat=False)
+    lookup = SpecDec(target=target, drafter="prompt-lookup").generate(prompt, max_new_tokens=40, chat=False)
+    assert lookup.token_ids == plain.token_ids
+    drafted = SpecDec(target=target, drafter=f"model:{files['llama', 'Q8_0']}").generate(prompt, max_new_tokens=24,
+                                                                                         chat=False)
+    assert drafted.token_ids == plain.token_ids[:24]
+    assert drafted.stats.drafted > 0
+    self_drafted = SpecDec(target=target, drafter=f"model:{target}").generate(prompt, max_new_tokens=24, chat=False)
+    assert self_drafted.token_ids == plain.token_ids[:24]
+    assert self_drafted.stats.accepted == self_drafted.stats.drafted > 0  # a model drafting for itself is never wrong
+
+
+def test_the_index_is_cached_and_the_second_load_parses_nothing(files, monkeypatch):
+    import gguf
+
+    from specdec.models import load_model
+
+    path = str(files["llama", "Q8_0"])
+    first = load_model(path)
+    monkeypatch.setattr(gguf, "GGUFReader", None)  # a second load must not parse the metadata
+    again = load_model(path)
+    assert again.tokenizer.get_vocab() == first.tokenizer.get_vocab()
+    assert again.model.config.to_dict() == first.model.config.to_dict()
+
+
+def test_bad_files_are_clear_errors(tmp_path, files):
+    from specdec.models import load_model
+
+    with pytest.raises(SpecdecError, match="does not exist"):
+        load_model(str(tmp_path / "missing.gguf"))
+    text = tmp_path / "notes.gguf"
+    text.write_text("these are notes, not a model")
+    with pytest.raises(SpecdecError, match="not a GGUF file"):
+        load_model(str(text))
+    whole = files["llama", "Q8_0"].read_bytes()
+    for cut in (len(whole) // 2, 64):
+        cut_file = tmp_path / f"cut-{cut}.gguf"
+        cut_file.write_bytes(whole[:cut])
+        with pytest.raises(SpecdecError, match="truncated|damaged"):
+            load_model(str(cut_file))
+
+
+def test_an_unsupported_architecture_is_named(tmp_path):
+    import gguf
+    import numpy as np
+
+    from specdec.models import load_model
+
+    path = tmp_path / "phi.gguf"
+    writer = gguf.GGUFWriter(str(path), "phi2")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(SpecdecError, match="'phi2' does not run here.*llama, mistral, qwen2, qwen3, gemma3"):
+        load_model(str(path))
+
+
+def test_float_weights_on_a_gguf_target_are_a_clear_error(files):
+    from specdec.api import SpecDec
+
+    with pytest.raises(SpecdecError, match="runs on the file's own blocks"):
+        SpecDec(target=str(files["llama", "Q8_0"]), drafter="none", weights="float")
+    with pytest.raises(SpecdecError, match="float32"):
+        SpecDec(target=str(files["llama", "Q8_0"]), drafter="none", dtype="bfloat16")
+
+
+def test_the_padded_model_is_the_small_model_to_the_bit(tmp_path, files):
+    """A model embedded with zero weights in one 4x as wide, with more heads, a wider MLP and an added layer,
+    gives the small model's logits exactly and so its greedy text, on the default (int8) path."""
+    from specdec.api import SpecDec
+
+    source = files["llama", "Q4_K"]
+    wide = Shape(hidden=4 * TINY.hidden, layers=TINY.layers + 1, heads=2 * TINY.heads, kv_heads=2 * TINY.kv_heads,
+                 ffn=2 * TINY.ffn)
+    padded = write_padded(tmp_path / "padded.gguf", source=source, shape=wide)
+    assert os.path.getsize(padded) > 6 * os.path.getsize(source)
+    prompt = "the quick brown fox jumps over the lazy dog and"
+    small = SpecDec(target=str(source), drafter="none").generate(prompt, max_new_tokens=24, chat=False)
+    big = SpecDec(target=str(padded), drafter="none").generate(prompt, max_new_tokens=24, chat=False)
+    assert big.token_ids == small.token_ids
+    with pytest.raises(SpecdecError, match="4x"):
+        write_padded(tmp_path / "bad.gguf", source=source, shape=Shape(hidden=512, layers=2, heads=4, kv_heads=2, ffn=512))
