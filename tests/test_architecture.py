@@ -17,6 +17,7 @@ LAYERS = [
     {"rejection", "gamma", "metrics", "exactness"},
     {"sampling", "theory"},
     {"backends", "models"},
+    {"gguf_file"},
     {"modeling"},
     {"prompts", "text"},
     {"corpus", "config", "paths"},

@@ -1,7 +1,7 @@
 """The `specdec` command: one module per subcommand, shared options in `options`.
 
     specdec generate "Rewrite this code ..." --drafter prompt-lookup --compare
-    specdec bench | verify | serve | train-drafter | export-drafter | ngram fit
+    specdec bench | verify | serve | train-drafter | export-drafter | ngram fit | make-model
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import os
 import sys
 
 from ..errors import SpecdecError
-from . import bench, export, generate, ngram, serve, train, verify
+from . import bench, export, generate, make_model, ngram, serve, train, verify
 
-SUBCOMMANDS = (generate, bench, verify, serve, train, export, ngram)
+SUBCOMMANDS = (generate, bench, verify, serve, train, export, ngram, make_model)
 """Each module registers its subcommand(s) and sets `handler` to the function that runs them."""
 
 

@@ -35,7 +35,8 @@ def comma_list(cast=str):
 
 def add_target(parser: argparse.ArgumentParser, what: str = "target model p") -> None:
     parser.add_argument("--target", default="smollm2-135m",
-                        help=f"{what}: {', '.join(BUILTIN_TARGETS)}, a local directory or a hub id (default: %(default)s)")
+                        help=f"{what}: {', '.join(BUILTIN_TARGETS)}, a .gguf file (llama, mistral, qwen2, qwen3, gemma3; "
+                             "run on its own blocks), a local directory or a hub id (default: %(default)s)")
 
 
 def add_model_args(parser: argparse.ArgumentParser, drafter: bool = True, repeat_drafter: bool = False) -> None:
