@@ -280,7 +280,7 @@ def load_gguf_model(path: str | Path, device: str = "cpu"):
     rotary tables), which come from the file; the linear layers, embedding and LM head stay the file's blocks
     (backends/gguf.GGUFWeights serves them). Returns (model, tokenizer, GGUFFile)."""
     from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     if torch.device(device).type != "cpu":
         raise SpecdecError(f"a GGUF file runs on the CPU (its blocks are multiplied by quant.cpp), not on {device}")
@@ -293,7 +293,7 @@ def load_gguf_model(path: str | Path, device: str = "cpu"):
     model.eval()
     gguf_arch = "gemma3" if model_type == "gemma3_text" else model_type
     processor = TENSOR_PROCESSORS.get(gguf_arch, TensorProcessor)(config=config.to_dict())
-    names = get_gguf_hf_weights_map(model, processor, model_type=model_type, num_layers=config.num_hidden_layers)
+    names = _gguf_names(model, gguf_arch, config.num_hidden_layers)
     params = dict(model.named_parameters())
     missing = [hf for gguf_name, hf in names.items() if gguf_name not in file.tensors
                and not hf.endswith(("lm_head.weight",)) and hf in params]
@@ -319,3 +319,19 @@ def load_gguf_model(path: str | Path, device: str = "cpu"):
             with torch.device("cpu"):
                 setattr(model.get_submodule(parent) if parent else model, attr, type(module)(config=config))
     return model, tokenizer, file
+
+
+def _gguf_names(model, gguf_arch: str, layers: int) -> dict[str, str]:
+    """GGUF tensor name -> the transformers parameter it holds, by gguf-py's own name map (built once:
+    transformers' get_gguf_hf_weights_map builds it again for every submodule, seconds for a 7 B model)."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    arch = next(key for key, value in MODEL_ARCH_NAMES.items() if value == gguf_arch)
+    name_map = get_tensor_name_map(arch, layers)
+    names = {}
+    for hf_name in model.state_dict():
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_name = name_map.get_name(base)
+        if gguf_name is not None:
+            names[f"{gguf_name}.{suffix}"] = hf_name
+    return names

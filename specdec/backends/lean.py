@@ -145,7 +145,10 @@ class LeanBackend(Backend):
             self.lm_head = self._weight(head, self.gguf.lm_head() if self.gguf else None,
                                         dense=lambda: self._file().dense_head())
             self.final_norm = self._norm_weight(inner.norm.weight)
-            layers = [self._layer(layer, i, config) for i, layer in enumerate(inner.layers)]
+            layers = []
+            for i, layer in enumerate(inner.layers):
+                layers.append(self._layer(layer, i, config))
+                self._release_file_pages()
         kinds = sorted({layer.rope for layer in layers})
         rope = RopeTable(rotary_module_angles(inner.rotary_emb, kinds, self.dtype, self.device), self.dtype,
                          self.device, self.max_length)
@@ -157,8 +160,14 @@ class LeanBackend(Backend):
         self.decoder = Decoder(self.arch, layers, rope, linear, kern, rows, step,
                                kernel_rows=None if self.tiles else KERNEL_ROWS)
         self.cache = self.decoder.new_cache(self.max_length)
+        self._release_file_pages()
+        if self.gguf is not None:
+            quant.return_freed_memory()  # the fused copies the packing made and freed
+
+    def _release_file_pages(self) -> None:
+        """The blocks were repacked into memory: the file's pages read for them need not stay resident."""
         if self._pack_int8 and isinstance(self.gguf, GGUFWeights) and self.gguf.file is not None:
-            self.gguf.file.release_pages()  # the blocks were repacked into memory: the file's pages need not stay
+            self.gguf.file.release_pages()
 
     def _file(self) -> GGUFWeights:
         """The GGUF file the weights are read from, where the model holds no float weights (a .gguf target)."""

@@ -204,6 +204,19 @@ def layer_step(arch, layers: list, int8: bool = False) -> LayerSteps | None:
     return LayerSteps(module, arch, held, int8)
 
 
+def return_freed_memory() -> None:
+    """Give the memory freed after repacking back to the OS (glibc keeps freed blocks of tens of MB in its
+    heap: a 1.2 GB model left ~0.6 GB resident that nothing used). A no-op where the C library has no
+    malloc_trim."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def block_width(kind: str) -> int:
     """How many weights one block of `kind` holds (a row's length must be a multiple)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
