@@ -141,6 +141,10 @@ BAD = [
     ("/v1/completions", {"prompt": "x", "n": 17}, 400, "n"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1}}, 400, "token ids"),
     ("/v1/completions", {"prompt": "x", "logit_bias": {"999999": 1}}, 400, "token id"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"\u00b2": 1}}, 400, "token ids"),  # isdigit() but not int()
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"1" * 5000: 1}}, 400, "token ids"),  # past int()'s digit limit
+    ("/v1/completions", b'{"prompt": "x", "temperature": NaN}', 400, "finite"),
+    ("/v1/completions", b'{"prompt": "x", "top_p": Infinity}', 400, "finite"),
     ("/v1/completions", {"prompt": "x", "frequency_penalty": 3}, 400, "frequency_penalty"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "logprobs"),
     ("/v1/completions", {"prompt": "   "}, 400, "empty"),
@@ -161,6 +165,10 @@ def test_bad_input_gets_openai_error(server, path, body, status, needle):
 def test_api_key_required(server):
     r = httpx.post(server + "/v1/completions", json={"prompt": "x"})
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    for wrong in ("Bearer nope", f"Basic {KEY}", KEY, f"Bearer{KEY}"):
+        assert httpx.get(server + "/v1/models", headers={"Authorization": wrong}).status_code == 401, wrong
+    for scheme in ("Bearer", "bearer", "BEARER"):  # the scheme is case-insensitive (RFC 9110 11.1)
+        assert httpx.get(server + "/v1/models", headers={"Authorization": f"{scheme} {KEY}"}).status_code == 200
 
 
 def test_load_8_clients_200_requests_no_loss_no_crosstalk(client):
@@ -394,7 +402,10 @@ def malformed_bodies(count: int, seed: int = 0):
 
     rng = random.Random(seed)
     values = [None, True, False, 0, -1, 1.5, 2**70, -(2**70), float("nan"), "", "x", "5", "\ud800", "ä" * 50,
-              [], [1, 2], ["a", None], {}, {"a": {"b": {"c": [1, {"d": None}]}}}, [[[[[]]]]], "x" * 5000]
+              float("inf"), float("-inf"), 1e308, "\u202e\u0000\ufeff", "\U0001f642" * 100, "\u00b2",
+              [], [1, 2], ["a", None], {}, {"a": {"b": {"c": [1, {"d": None}]}}}, [[[[[]]]]], "x" * 5000,
+              {"\u00b2": 1.0}, {"\u0663": 1.0}, {"1" * 5000: 1.0}, {"5": float("nan")}, {"5": 1e308}, {"-1": 1.0},
+              {"99999999999": 1.0}, {"5": "1"}, {"5": None}]
     fields = ["prompt", "messages", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
               "gamma", "ignore_eos", "model", "logprobs", "logit_bias", "tools", "user", "max_completion_tokens",
               "unknown_field", "response_format"]
@@ -420,10 +431,11 @@ def malformed_bodies(count: int, seed: int = 0):
 
 def test_fuzz_1000_malformed_requests_no_500(open_server):
     statuses = Counter()
+    content_types = ["application/json"] * 8 + ["text/plain", "application/x-www-form-urlencoded", ""]
     with httpx.Client(timeout=30) as http:
         for i, raw in enumerate(malformed_bodies(1000)):
             path = "/v1/completions" if i % 5 in (1, 2) else "/v1/chat/completions"
-            r = http.post(open_server + path, content=raw, headers={"Content-Type": "application/json"})
+            r = http.post(open_server + path, content=raw, headers={"Content-Type": content_types[i % len(content_types)]})
             statuses[r.status_code] += 1
             assert r.status_code < 500, (raw[:300], r.status_code, r.text[:300])
             if r.status_code != 200:
@@ -431,6 +443,8 @@ def test_fuzz_1000_malformed_requests_no_500(open_server):
             elif r.headers["content-type"].startswith("text/event-stream"):
                 assert '"error"' not in r.text and r.text.endswith("data: [DONE]\n\n"), r.text[-300:]
     assert statuses[400] > 500 and statuses[200] > 0, statuses
+    after = httpx.post(open_server + "/v1/completions", json={"prompt": "abc", "max_tokens": 3}, timeout=30)
+    assert after.status_code == 200 and after.json()["usage"]["completion_tokens"] >= 1
 
 
 def stream_events(base: str, path: str, body: dict) -> list[dict]:
@@ -518,3 +532,64 @@ def test_a_base_model_without_a_chat_template_serves_completions_and_refuses_cha
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def open_streams(base: str, count: int, body: dict):
+    """`count` streaming completions on threads; each result is (events after the first, ended with [DONE])."""
+    results: list[dict] = [{} for _ in range(count)]
+    started = threading.Barrier(count + 1)
+
+    def one(i: int) -> None:
+        events, done, first = [], False, True
+        with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True, "seed": i}, timeout=120) as r:
+            for line in r.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: {"):
+                    events.append((time.monotonic(), json.loads(line[6:])))
+                    if first:
+                        first = False
+                        started.wait(timeout=60)
+            results[i].update(events=events, done=done, status=r.status_code, body=r.read()[:300] if first else b"")
+        if first:  # no text came: do not leave the others waiting
+            started.abort()
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]
+    for t in threads:
+        t.start()
+    try:
+        started.wait(timeout=60)  # every stream has had its first text
+    except threading.BrokenBarrierError:
+        for t in threads:
+            t.join(timeout=5)
+        pytest.fail(f"not every stream started: {results}")
+    return threads, results
+
+
+@pytest.mark.parametrize("drain,max_tokens,reason", [(60, 400, "length"), (1, 6000, "abort")])
+def test_sigterm_drains_the_streams_in_flight_and_exits_0(tiny_dirs, drain, max_tokens, reason):
+    """SIGTERM (what systemd, Docker and Kubernetes send): stop listening, let the 8 streams in flight
+    finish, each with its last chunk and [DONE], and exit 0; past --drain-timeout they end with
+    finish_reason "abort"."""
+    import signal
+
+    proc, base = start_server(tiny_dirs["long"], "--max-batch", "8", "--drain-timeout", str(drain))
+    try:
+        body = {"prompt": "abc", "max_tokens": max_tokens, "temperature": 1.0, "ignore_eos": True}
+        threads, results = open_streams(base, 8, body)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=90)
+        assert proc.wait(timeout=60) == 0
+        with pytest.raises(httpx.TransportError):  # the listener is closed
+            httpx.get(base + "/health", timeout=2)
+    finally:
+        proc.kill()
+    for result in results:
+        assert result["status"] == 200 and result["done"], result.get("events", [])[-1:]
+        last = result["events"][-1][1]
+        assert last["choices"][0]["finish_reason"] == reason and last["usage"]["completion_tokens"] >= 1
+        assert any(at > signalled for at, _ in result["events"])  # it was still running when the signal came
+        text = "".join(event["choices"][0]["text"] for _, event in result["events"])
+        assert text and (reason == "abort" or last["usage"]["completion_tokens"] == max_tokens)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import threading
@@ -21,6 +22,8 @@ def run(args: argparse.Namespace) -> int:
     for name in ("max_queue", "spec_off_depth", "max_body_bytes", "max_batch", "row_budget"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SpecdecError(f"--{name.replace('_', '-')} must be >= 1")
+    if not 0 <= args.drain_timeout <= 86400:  # NaN fails too
+        raise SpecdecError(f"--drain-timeout must be between 0 and 86400 seconds, got {args.drain_timeout}")
     check_can_listen(args.host, args.port)  # before the model loads: a port in use is a clear error in a second
     api_key = args.api_key or os.environ.get("SPECDEC_API_KEY") or None
     if args.allowed_hosts:
@@ -37,16 +40,30 @@ def run(args: argparse.Namespace) -> int:
                      row_budget=args.row_budget, worker_thread=False)
     print(f"specdec serving {args.target} (drafter {args.drafter}) on http://{args.host}:{args.port}/v1", file=sys.stderr)
     # The model runs in this thread, the one that loaded it (see specdec.server.worker); HTTP in another.
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+    # uvicorn waits for open connections a little longer than the drain, which ends every stream first.
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=args.drain_timeout + 5))
+    worker = app.state.worker
+
+    def shut_down(signum, frame) -> None:
+        """SIGTERM or Ctrl-C: stop listening, let what runs finish (up to --drain-timeout), exit 0; a
+        second signal ends the requests in flight at once (each stream still gets its last event)."""
+        again = server.should_exit
+        print(f"specdec: {signal.Signals(signum).name}: " + ("ending the requests in flight now" if again else
+              f"draining (up to {args.drain_timeout:g} s; send it again to stop now)"), file=sys.stderr)
+        server.should_exit = True
+        worker.drain(0.0 if again else args.drain_timeout)
+
+    previous = {sig: signal.signal(sig, shut_down) for sig in (signal.SIGTERM, signal.SIGINT)}
     http = threading.Thread(target=server.run, name="specdec-http", daemon=True)
     http.start()
     try:
-        app.state.worker.run(until=lambda: not http.is_alive())
-    except KeyboardInterrupt:
-        pass
+        worker.run(until=lambda: not http.is_alive())
     finally:
         server.should_exit = True
-        http.join(timeout=10)
+        http.join(timeout=args.drain_timeout + 10)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if not server.started:
         raise SpecdecError(f"the HTTP server did not start on {args.host}:{args.port} (uvicorn's reason is above)")
     return 0
@@ -95,5 +112,8 @@ def register(sub) -> None:
                        help="running requests from which gamma=auto requests do not speculate at all "
                             "(default: only the row budget limits it)")
     serve.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default: 1 MiB)")
+    serve.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
+                       help="on SIGTERM or Ctrl-C, stop accepting and give the requests in flight this long to "
+                            "finish before they end with finish_reason 'abort' (default: %(default)g)")
     serve.add_argument("--log-level", default="warning")
     serve.set_defaults(handler=run)

@@ -119,8 +119,10 @@ class Guard:
                                           f"{', '.join(self.allowed_hosts)} (see --allowed-hosts)", code="host_not_allowed")
                 return await response(scope, receive, send)
         if self.api_key and path != "/health":
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            if not hmac.compare_digest(given.encode("utf-8", "replace"), f"Bearer {self.api_key}".encode()):
+            scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            # the scheme is case-insensitive (RFC 9110 11.1); the key is compared in constant time
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode("utf-8", "replace"),
+                                                                     self.api_key.encode()):
                 self.metrics.requests.labels(endpoint=endpoint_label(path), status="401").inc()
                 response = error_response(401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
                                           type_="authentication_error", code="invalid_api_key")
@@ -198,6 +200,9 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
 
     def admit(body, prompt_ids: list[int], max_tokens: int | None, endpoint: str) -> list[Job]:
         """Check the request against the model and queue one job per choice (`n`)."""
+        if worker.draining:
+            raise APIError(503, "the server is shutting down; retry on another instance or later",
+                           type_="server_error", code="shutting_down")
         if body.model not in (None, "", model_name):
             raise APIError(404, f"the model '{body.model}' does not exist; this server serves '{model_name}'",
                            param="model", code="model_not_found")
@@ -283,6 +288,8 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
                     raise APIError(500, f"generation failed: {payload}", type_="server_error")
                 elif kind == "cancelled":
                     raise APIError(499, "client disconnected")
+                elif kind == "unavailable":
+                    raise APIError(503, payload, type_="server_error", code="shutting_down")
                 else:
                     return "".join(pieces), payload
 
@@ -315,8 +322,10 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
                     if kind == "text":
                         yield sse(make_chunk(index, payload[0], payload[1], None))
                         waiting[asyncio.ensure_future(jobs[index].events.get())] = index
-                    elif kind == "error":
-                        yield sse({"error": {"message": f"generation failed: {payload}", "type": "server_error"}})
+                    elif kind in ("error", "unavailable"):
+                        message = f"generation failed: {payload}" if kind == "error" else payload
+                        yield sse({"error": {"message": message, "type": "server_error",
+                                             "code": "shutting_down" if kind == "unavailable" else None}})
                         yield "data: [DONE]\n\n"
                         return
                     elif kind == "cancelled":

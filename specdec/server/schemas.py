@@ -49,7 +49,7 @@ def _find_bad_text(value, path: str = "") -> str | None:
 
 
 class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -86,13 +86,14 @@ class SamplingFields(BaseModel):
     @field_validator("logit_bias")
     @classmethod
     def _bias(cls, bias):
-        for key, value in (bias or {}).items():
-            if not key.isdigit():
-                raise ValueError(f"logit_bias keys are token ids such as \"50256\", got {key!r}")
-            if not -100.0 <= value <= 100.0:
-                raise ValueError(f"logit_bias values must be in [-100, 100], got {value} for token {key}")
         if bias and len(bias) > 300:
             raise ValueError("logit_bias takes at most 300 tokens")
+        for key, value in (bias or {}).items():
+            # ASCII digits only ("²".isdigit() is true, int("²") fails) and few of them (no token id has 10)
+            if not (key.isascii() and key.isdigit() and len(key) <= 9):
+                raise ValueError(f"logit_bias keys are token ids such as \"50256\", got {key[:40]!r}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {value} for token {key}")
         return bias
 
     def bias_pairs(self) -> tuple[tuple[int, float], ...]:

@@ -7,7 +7,8 @@ work made plain decoding ~1.4x slower on the EPYC (oneDNN's packed products; 16-
 Each step the worker admits waiting requests while the batch has room, drops those whose client
 left, and runs one batch step (`specdec.batching`: one target pass for every running request, each
 with its own drafts, cache and generator). The HTTP side talks to a job through an asyncio queue of
-events: ("text", piece), then ("done", summary), ("cancelled", None) or ("error", message). A
+events: ("text", piece), then ("done", summary), ("cancelled", None), ("error", message) or, for a
+request still queued when a shutdown's drain time ran out, ("unavailable", message). A
 job's queue slot is free before its last event is sent, so a client that asks again at once finds
 room.
 """
@@ -135,6 +136,8 @@ class Worker:
         self.running: dict[Member, Output] = {}
         self._lock = threading.Lock()
         self.seconds_per_request: float | None = None  # running mean of served requests, for Retry-After
+        self.draining = False
+        self.abort_at: float | None = None  # when draining: the time the unfinished requests are ended
 
     def start(self) -> threading.Thread:
         """Run the worker in a daemon thread of its own."""
@@ -171,6 +174,29 @@ class Worker:
         elapsed = time.perf_counter() - min(starts) if starts else 0.0
         return max(1, round(mean - elapsed))
 
+    def drain(self, seconds: float) -> None:
+        """Shut down gracefully: new requests are refused (the app answers 503), the accepted ones run
+        on; those not finished within `seconds` end with finish_reason "abort" (a queued one that never
+        started gets a 503). Called from a signal handler, so it only sets the clock."""
+        self.draining = True
+        deadline = time.perf_counter() + seconds
+        self.abort_at = deadline if self.abort_at is None else min(self.abort_at, deadline)
+
+    def _abort_all(self) -> None:
+        """The drain's time is up: end every running request with what it has, refuse every waiting one."""
+        for member, out in list(self.running.items()):
+            self.batch.cancel(member)
+            used = len(member.tokens)
+            self._finish(out.job, ("done", {"finish_reason": "abort", "prompt_tokens": len(out.job.prompt_ids),
+                                            "completion_tokens": used, "stats": member.stats,
+                                            "logprobs": out.flush(used)}), member)
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            self._finish(job, ("unavailable", "the server shut down before this request started; retry"))
+
     def _finish(self, job: Job, last: tuple[str, object], member: Member | None = None) -> None:
         """Free the job's slot, then send its last event."""
         with self._lock:
@@ -183,6 +209,8 @@ class Worker:
     def run(self, until=lambda: False) -> None:
         """Serve jobs until `until()` is true (checked at least twice a second)."""
         while not until():
+            if self.abort_at is not None and time.perf_counter() >= self.abort_at:
+                self._abort_all()
             self._admit(block=not self.running)
             for member, out in list(self.running.items()):
                 if out.job.cancelled.is_set():
