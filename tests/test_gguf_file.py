@@ -178,3 +178,26 @@ def test_the_padded_model_is_the_small_model_to_the_bit(tmp_path, files):
     assert big.token_ids == small.token_ids
     with pytest.raises(SpecdecError, match="4x"):
         write_padded(tmp_path / "bad.gguf", source=source, shape=Shape(hidden=512, layers=2, heads=4, kv_heads=2, ffn=512))
+
+
+def test_the_llama_server_peer_needs_its_binary_and_runs_on_the_file(files, monkeypatch, tmp_path):
+    """`--peers llama-server` without a binary is a clear error; with one (SPECDEC_LLAMA_SERVER or PATH:
+    built apart, never in CI) the bench runs llama.cpp's own server on the same file, plain and with its
+    n-gram speculation, and compares its greedy tokens with specdec's."""
+    from specdec.bench import peers, runner
+
+    target = str(files["llama", "Q8_0"])
+    binary = peers.llama_server_binary()
+    config = runner.BenchConfig(target=target, drafters=["prompt-lookup"], tasks=["code"], temperatures=[0.0],
+                                gammas=["auto"], prompts_per_task=1, max_new_tokens=8, peers=("llama-server",))
+    with monkeypatch.context() as m:
+        m.delenv("SPECDEC_LLAMA_SERVER", raising=False)
+        m.setenv("PATH", str(tmp_path))
+        with pytest.raises(SpecdecError, match="llama-server.*SPECDEC_LLAMA_SERVER"):
+            runner.run_bench(config)
+    if binary is None:
+        pytest.skip("no llama-server here (SPECDEC_LLAMA_SERVER or PATH); docs/usage.md says how to build one")
+    rows = {row["method"]: row for row in runner.run_bench(config)}
+    assert {"llama-server", "llama-server-ngram-simple", "llama-server-ngram-mod"} <= rows.keys()
+    for name in ("llama-server", "llama-server-ngram-simple"):
+        assert rows[name]["new_tokens"] > 0 and rows[name]["tokens_per_s"] > 0

@@ -23,9 +23,11 @@ from ..engine import SpeculativeEngine
 from ..errors import SpecdecError
 from ..models import load_model
 from ..prompts import TASKS, Prompt, load_prompts_file, task_prompts
-from .peers import LlamaCpp, hf_generate, llama_cpp_available
+from .peers import LLAMA_SERVER_SPECS, LlamaCpp, LlamaServer, hf_generate, llama_cpp_available, llama_server_binary
 
-PEERS = ("hf", "llama.cpp")
+PEERS = ("hf", "llama.cpp", "llama-server")
+DEFAULT_PEERS = ("hf", "llama.cpp")
+"""llama-server is measured only when asked for: it needs a binary built apart (docs/usage.md)."""
 
 
 @dataclass
@@ -46,10 +48,11 @@ class BenchConfig:
     weights: str = "auto"
     """auto, gguf, gguf-int8 or float (config.WEIGHTS): a built-in target's linear layers on its GGUF
     blocks or float weights (auto is float when a self-q4 drafter is benchmarked)."""
-    peers: tuple[str, ...] = PEERS
-    """Peers to run beside specdec: "hf" (transformers' generate(): plain, prompt lookup, assisted) and
-    "llama.cpp" (llama-cpp-python on a built-in target's own GGUF file: plain, prompt lookup; needs the
-    `llama-cpp` extra)."""
+    peers: tuple[str, ...] = DEFAULT_PEERS
+    """Peers to run beside specdec: "hf" (transformers' generate(): plain, prompt lookup, assisted),
+    "llama.cpp" (llama-cpp-python on the target's GGUF file: plain, prompt lookup; needs the `llama-cpp`
+    extra) and "llama-server" (llama.cpp's server on that file: plain, its n-gram speculation, a draft
+    model; needs its binary)."""
     threads: int | None = None
     """Threads for llama.cpp (default: torch's)."""
     coupled: bool = False
@@ -125,6 +128,24 @@ def run_bench(config: BenchConfig, progress=None, log=None) -> list[dict]:
         for name, lookup in (("llama.cpp", False), ("llama.cpp-prompt-lookup", True)):
             engines[name] = (LlamaCpp(target.gguf, threads, prompt_lookup=lookup), None, name, None)
             methods.append((name, name, None))
+    if "llama-server" in config.peers and target.gguf is not None:
+        import torch
+
+        binary = llama_server_binary()
+        if binary is None:
+            raise SpecdecError("the llama-server peer needs llama.cpp's llama-server: put it on PATH or set "
+                               "SPECDEC_LLAMA_SERVER (how to build it: docs/usage.md), or drop it from --peers")
+        threads = config.threads or torch.get_num_threads()
+        specs = dict(LLAMA_SERVER_SPECS)
+        drafts = [arg for spec in config.drafters for kind, arg in [parse_drafter(spec)] if kind == "model"
+                  and arg and arg.lower().endswith(".gguf")]
+        if drafts:
+            specs["llama-server-draft"] = ["--spec-draft-model", drafts[0]]
+        for name, spec_args in specs.items():
+            if log:
+                log(f"starting {name} on {target.gguf.name}")
+            engines[name] = (LlamaServer(binary, target.gguf, threads, spec_args), None, name, None)
+            methods.append((name, name, None))
     runs: list[dict] = []
     coupled = sum(name.endswith("+coupled") for name, _, _ in methods)
     total = len(prompts) * sum(len(methods) - (coupled if t == 0 else 0) for t in config.temperatures)
@@ -154,12 +175,24 @@ def run_bench(config: BenchConfig, progress=None, log=None) -> list[dict]:
     except (SpecdecError, KeyboardInterrupt) as error:  # what finished is kept: minutes of runs are not lost
         with_plain = {_prompt_run(r) for r in runs if r["method"] == "plain"}
         raise BenchInterrupted(aggregate([r for r in runs if _prompt_run(r) in with_plain], config), error) from error
+    finally:
+        for engine, *_ in engines.values():
+            if isinstance(engine, LlamaServer):
+                engine.close()
     return aggregate(runs, config)
 
 
 def _run_one(name, key, gamma, prompt, p_index, ids, sampling, config, plain_engine, engines, target, eos) -> dict:
     base = {"method": name, "task": prompt.task, "prompt_index": p_index, "temperature": sampling.temperature,
             "gamma": gamma, "seed": sampling.seed, "started": time.time()}
+    if key is not None and isinstance(engines.get(key, (None,))[0], LlamaServer):
+        # the server times its decoding apart from its prefill: both rates compare with specdec's own
+        tokens, seconds, decode_seconds = engines[key][0].generate(ids, sampling, config.max_new_tokens, eos)
+        e2e = len(tokens) / seconds if seconds else None
+        tps = len(tokens) / decode_seconds if decode_seconds else e2e
+        return {**base, "tokens": tokens, "seconds": decode_seconds or seconds, "tps": tps, "e2e_tps": e2e,
+                "includes_prefill": decode_seconds is None,
+                "peak_rss_mb": engines[key][0].peak_rss_mb() or _peak_rss_mb()}
     if key is not None and isinstance(engines.get(key, (None,))[0], LlamaCpp):
         tokens, seconds = engines[key][0].generate(ids, sampling, config.max_new_tokens, eos)
         tps = len(tokens) / seconds if seconds else None

@@ -96,8 +96,10 @@ def register(sub) -> None:
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--peers", type=peer_list, default="hf,llama.cpp", metavar="LIST",
                        help="comma-separated peers measured beside specdec: hf (transformers' generate()), "
-                            "llama.cpp (on a built-in target's GGUF file; needs pip install -e '.[llama-cpp]'), "
-                            "or none (default: hf,llama.cpp)")
+                            "llama.cpp (on a GGUF target's file; needs pip install -e '.[llama-cpp]'), "
+                            "llama-server (llama.cpp's server on the same file, plain and its --spec-type ngram-simple "
+                            "and ngram-mod, and --spec-draft-model with a model:FILE.gguf drafter; SPECDEC_LLAMA_SERVER "
+                            "or PATH), or none (default: hf,llama.cpp)")
     bench.add_argument("--no-peers", action="store_true", help="the same as --peers none")
     bench.add_argument("--coupled", action="store_true",
                        help="also run each drafter at T > 0 with drafter-invariant sampling (seeded requests' rule), "
