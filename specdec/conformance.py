@@ -71,7 +71,7 @@ class Settings:
 
     @staticmethod
     def quick() -> Settings:
-        return Settings(samples=800, long_runs=8, long_tokens=48, bonus_rescores=100, parity_tokens=48, parity_seeds=3)
+        return Settings(samples=1600, long_runs=8, long_tokens=48, bonus_rescores=100, parity_tokens=48, parity_seeds=3)
 
 
 @dataclass

@@ -121,11 +121,12 @@ def _residual_is_p(p, q, draft, n, generator):
 
 
 class ReportsOtherQ(ModelDrafter):
-    """Draws its tokens from the request's warped q but reports another distribution."""
+    """Draws its tokens from one distribution (the request's warped q unless `draw_with` says) and
+    reports another."""
 
-    def __init__(self, report_with):
+    def __init__(self, report_with, draw_with=None):
         super().__init__(TableLM(VOCAB, order=1, seed=21, scale=1.2), VOCAB)
-        self.report_with = report_with
+        self.report_with, self.draw_with = report_with, draw_with or (lambda logits, s: probs(logits, s))
 
     def propose(self, context, gamma, sampling, generator):
         if sampling.greedy:
@@ -134,7 +135,7 @@ class ReportsOtherQ(ModelDrafter):
         tokens, reported = [], []
         for _ in range(gamma):
             logits = self._fit_vocab(self.backend.forward(unseen)[-1:])
-            tokens.append(sample(probs(logits, sampling)[0], generator))
+            tokens.append(sample(self.draw_with(logits, sampling)[0], generator))
             reported.append(self.report_with(logits, sampling)[0])
             unseen = torch.tensor([tokens[-1]])
         return Proposal(tokens=torch.tensor(tokens), q=torch.stack(reported))
@@ -169,14 +170,29 @@ class EosInDraftIgnored(SpeculativeEngine):
         return new, token in self.eos_token_ids
 
 
+def _reject_always(p, q, draft, generator):
+    """Never keeps a draft (its token from the residual, as after a true rejection)."""
+    k = draft.shape[0]
+    q = point_mass(draft, p.shape[-1]) if q is None else q
+    token = sample(p[0] if k == 0 else residual(p[0], q[0]), generator)
+    return Verdict(accepted=0, token=token, beta=_beta(p, q, k, 0))
+
+
+def _untempered(logits, sampling):
+    return torch.softmax(logits.float(), -1)
+
+
 MUTANTS = {
     "accept always": dict(verify=accept_always),
+    "reject always": dict(verify=_reject_always),
     "residual = p": dict(verify=_verify_with(emit=_residual_is_p)),
+    "residual = p, prompt lookup": dict(verify=_verify_with(emit=_residual_is_p), kind="prompt-lookup"),
     "residual not renormalised": dict(verify=_verify_with(emit=_residual_inverse_cdf_unnormalised)),
     "bonus never drawn": dict(verify=_verify_with(emit=_bonus_never_drawn)),
     "bonus from the wrong position": dict(verify=_verify_with(emit=_bonus_from_wrong_position)),
-    "q unwarped": dict(draft=lambda: ReportsOtherQ(lambda logits, s: torch.softmax(logits.float(), -1)),
-                       sampling=WARPED),
+    "q unwarped": dict(draft=lambda: ReportsOtherQ(_untempered), sampling=WARPED),
+    "drafted untempered, target tempered": dict(draft=lambda: ReportsOtherQ(probs, draw_with=_untempered),
+                                                sampling=WARPED),
     "q from another temperature": dict(draft=lambda: ReportsOtherQ(
         lambda logits, s: probs(logits, SamplingParams(temperature=2 * s.temperature, top_p=s.top_p)))),
     "generator reseeded each round": dict(engine_class=ReseededEngine),
@@ -184,9 +200,12 @@ MUTANTS = {
 }
 
 
+@pytest.mark.parametrize("quick", [False, True], ids=["default", "quick"])
 @pytest.mark.parametrize("name", list(MUTANTS))
-def test_mutant_fails(name, monkeypatch):
-    mutant = dict(MUTANTS[name])
+def test_mutant_fails(name, quick, monkeypatch):
+    """Every mutant fails `specdec verify` at its default settings and at --quick's; the output names the
+    smallest p-value (pytest -rP shows it)."""
+    mutant = dict(MUTANTS[name], settings=Settings.quick() if quick else Settings())
     if "verify" in mutant:
         monkeypatch.setattr(specdec.engine, "verify", mutant.pop("verify"))
     if "draft" in mutant:
@@ -194,7 +213,17 @@ def test_mutant_fails(name, monkeypatch):
     if name == "generator reseeded each round":
         monkeypatch.setattr(specdec.engine, "new_generator", _remembering_generator, raising=True)
     report = conformance(**mutant)
+    p_value, test = min(((t.p_value, t.name) for c in report.checks for t in c.tests), default=(1.0, "none"))
+    print(f"{name} ({'quick' if quick else 'default'}): smallest p = {p_value:.3g} ({test})")
     assert not report.passed, report.to_text()
+
+
+@pytest.mark.parametrize("kind,sampling", [("model", T1), ("prompt-lookup", T1), ("model", WARPED)],
+                         ids=["model-T1", "prompt-lookup-T1", "model-T0.7-top-p0.9"])
+def test_real_engine_passes_quick(kind, sampling):
+    """--quick's false alarms stay at the stated level: the real engine passes where the mutants fail."""
+    report = conformance(kind, sampling, settings=Settings.quick())
+    assert report.passed, report.to_text()
 
 
 def test_acceptance_of_a_few_drafts_is_not_judged_by_the_normal_tail():

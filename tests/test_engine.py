@@ -51,8 +51,12 @@ def test_greedy_parity_fp32(target, draft_model, kind, gamma):
     engine = SpeculativeEngine(TransformersBackend(target), make_drafter(kind, target, draft_model))
     run = engine.generate(PROMPT, SamplingParams(temperature=0), SpecConfig(gamma=gamma, max_new_tokens=40)).run()
     assert run.tokens == expected
-    assert run.stats.drafted > 0  # the drafter really took part
-    assert run.stats.target_calls < 40 or kind != "ngram"
+    # the drafter really took part, and every kept draft saved a target call: a verifier that rejected every
+    # draft would give the same tokens, in as many calls as plain decoding (auto may stop drafting after a
+    # few rejections: on these random models that is right)
+    assert run.stats.drafted > 0, run.stats
+    assert run.stats.target_calls == len(expected) - run.stats.accepted, run.stats
+    assert run.stats.accepted > 0 or gamma == "auto", run.stats
 
 
 def test_greedy_parity_gemma3_sliding_window_rollback():

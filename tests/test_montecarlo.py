@@ -43,9 +43,13 @@ def test_speculative_law_equals_target_law(models, kind, sampling, backend):
     target, draft = models
     law = exact_continuation_law(target, PROMPT, K, sampling)
     engine = SpeculativeEngine(backend(target), drafters(target, draft)[kind])
-    counts = sample_continuations(engine, PROMPT, K, sampling, gamma=2, n=N, seed=1000)
+    stats = []
+    counts = sample_continuations(engine, PROMPT, K, sampling, gamma=2, n=N, seed=1000, stats_sink=stats)
     test = goodness_of_fit("3-token law", counts, law)
     assert test.p_value > 1e-4, test
+    # the verifier really decided: drafts were proposed, and some kept and some rejected
+    drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+    assert drafted >= N and 0 < accepted < drafted, (drafted, accepted)
 
 
 def accept_always(p, q, draft, generator):
