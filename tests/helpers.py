@@ -12,12 +12,20 @@ from specdec.backends import Backend
 
 def built_extension(wrapper):
     """The compiled module behind a specdec.modeling extension wrapper (quant, rowops), or a skip
-    that says why it cannot run on this machine."""
+    that says why it cannot run on this machine. Where a C++ compiler is, a source that does not build
+    is a failure, not a skip (else a compile error would pass the tests that should catch it)."""
+    import platform
+    import shutil
+
     import pytest
 
     module = wrapper.load()
     if module is None:
-        pytest.skip(f"{wrapper.__name__} cannot run here: {wrapper.unavailable_reason()}")
+        reason = wrapper.unavailable_reason() or ""
+        if (platform.machine() in ("x86_64", "AMD64") and shutil.which("c++") is not None
+                and reason.startswith("could not build")):
+            pytest.fail(f"{wrapper.__name__}: {reason}")
+        pytest.skip(f"{wrapper.__name__} cannot run here: {reason}")
     return module
 
 

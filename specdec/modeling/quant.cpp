@@ -103,8 +103,9 @@ template <int64_t KIND>
 struct Group {
   __m256i q;
   float a0, a1, b0, b1;
-  float d = 0.f;                      // Q6_K: the superblock's scale,
-  int8_t scale0 = 0, scale1 = 0;      // and the integer scales of weights 0-15 and 16-31 (a = d scale)
+  float d = 0.f, dmin = 0.f;          // Q4_K, Q6_K: the superblock's scale (and Q4_K's min scale),
+  int8_t scale0 = 0, scale1 = 0;      // the integer scales of weights 0-15 and 16-31 (a = d scale),
+  int8_t min = 0;                     // and Q4_K's integer min (b = -dmin min)
 };
 
 template <int64_t KIND>
@@ -145,7 +146,9 @@ SPECDEC_AVX2 inline Group<KIND> codes(const uint8_t* row, int64_t g) {
     __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16 + 32 * (j / 2)));
     if (j % 2) raw = _mm256_srli_epi16(raw, 4);
     out.q = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
-    a = half(block) * static_cast<float>(sc), b = -(half(block + 2) * static_cast<float>(m));
+    out.d = half(block), out.dmin = half(block + 2);
+    out.scale0 = out.scale1 = static_cast<int8_t>(sc), out.min = static_cast<int8_t>(m);
+    a = out.d * static_cast<float>(sc), b = -(out.dmin * static_cast<float>(m));
   } else {  // Q6_K: [128 bytes low nibbles][64 bytes of 2-bit highs][16 int8 scales][d]; q - 32
     // Group t of the 128-weight half h: low nibbles (t < 2) or high (t >= 2) of ql bytes 64h + 32 (t % 2)
     // .., high bits (qh >> 2t) & 3 of bytes 32h ..; weights 0-15 and 16-31 have scales 8h + 2t and + 1.
@@ -504,9 +507,12 @@ void matmul(const float* x, const uint8_t* w, float* out, int64_t M, int64_t K, 
 // constant times a) for the 16 columns. The codes keep the file's bits: 4-bit codes as nibbles (byte j
 // holds bytes j and j + 8 G of the order), Q5_0's fifth bit and Q6_K's two high bits as bit planes
 // (bit t of plane p is bit 4 + p of byte t), Q8_0's bytes as they are, offset by 128 (q + 128, b =
-// -128 a). Scales stay float16 where the file has them (Q4_0, Q4_1, Q5_0, Q8_0), float32 where they
-// are products (Q4_K's d sc and dmin m, Q6_K's d sc, exact in float32). So the bytes read a weight are
-// the file's within 0-30 % (Q4_1 20 of 20 a group, Q4_K 24 of 18).
+// -128 a). The scales keep the file's too: float16 a (and b) a group for Q4_0, Q4_1, Q5_0, Q8_0; for
+// the superblock types (Q4_K, Q6_K) a group holds its integer scales as bytes (Q4_K's 6-bit sc and m,
+// Q6_K's int8 scale) and the superblock's float16 d (and -dmin) for the 16 columns follow its groups,
+// a = d sc and b = -dmin m formed in float32 as they are read (exact: 11 by 6 or 7 bits). So a
+// weight's bytes are the file's within 3 % (Q4_1 20 of 20 a group, Q4_K 18.5 of 18, Q6_K 13.25 of
+// 13.125); with the products stored as float32 Q4_K read 1.33 times its file.
 //
 // The products: activations rounded to int8 per row and group (x ~ d q, as the AVX2 int8 path) and
 // each group's integer sum s_int = sum_k q_w q_x formed exactly, by vpdpbusd (few rows) or tdpbsud (AMX,
@@ -529,25 +535,50 @@ struct Format {
   int64_t G;      // weights a group
   bool bytes;     // codes stored as bytes (else nibbles)
   int planes;     // bit planes above the nibbles
-  bool f32;       // scales as float32 (else float16)
   bool has_b;     // b stored (else b = offset a)
   float offset;
+  int64_t super;  // groups a superblock (its d, dmin after them; a group's scales as int8), 0: none
 };
 
 constexpr Format format_of(int64_t kind) {
-  return kind == Q4_0   ? Format{32, false, 0, false, false, -8.f}
-         : kind == Q4_1 ? Format{32, false, 0, false, true, 0.f}
-         : kind == Q5_0 ? Format{32, false, 1, false, false, -16.f}
-         : kind == Q8_0 ? Format{32, true, 0, false, false, -128.f}
-         : kind == Q4_K ? Format{32, false, 0, true, true, 0.f}
-                        : Format{16, false, 2, true, false, -32.f};  // Q6_K
+  return kind == Q4_0   ? Format{32, false, 0, false, -8.f, 0}
+         : kind == Q4_1 ? Format{32, false, 0, true, 0.f, 0}
+         : kind == Q5_0 ? Format{32, false, 1, false, -16.f, 0}
+         : kind == Q8_0 ? Format{32, true, 0, false, -128.f, 0}
+         : kind == Q4_K ? Format{32, false, 0, true, 0.f, 8}
+                        : Format{16, false, 2, false, -32.f, 16};  // Q6_K
 }
 
 constexpr int64_t code_bytes(const Format& f) { return f.bytes ? PACKED_COLS * f.G : PACKED_COLS * f.G / 2; }
 constexpr int64_t plane_bytes(const Format& f) { return PACKED_COLS * f.G / 8; }
-constexpr int64_t scale_bytes(const Format& f) { return PACKED_COLS * (f.f32 ? 4 : 2); }
+constexpr int64_t scale_bytes(const Format& f) { return PACKED_COLS * (f.super ? 1 : 2); }  // a's (b's as many)
 constexpr int64_t group_bytes(const Format& f) {
   return code_bytes(f) + f.planes * plane_bytes(f) + scale_bytes(f) * (f.has_b ? 2 : 1);
+}
+constexpr int64_t tail_bytes(const Format& f) { return f.super ? PACKED_COLS * 2 * (f.has_b ? 2 : 1) : 0; }  // d, -dmin
+constexpr int64_t super_bytes(const Format& f) { return f.super ? f.super * group_bytes(f) + tail_bytes(f) : group_bytes(f); }
+// A block's bytes (16 output rows) for K inputs.
+constexpr int64_t packed_bytes(const Format& f, int64_t K) { return K / f.G / (f.super ? f.super : 1) * super_bytes(f); }
+
+// Group g of the block at p, and its superblock's d (and -dmin) where the format has them.
+template <int64_t KIND>
+inline const uint8_t* group_at(const uint8_t* p, int64_t g) {
+  constexpr Format F = format_of(KIND);
+  if constexpr (F.super) return p + (g / F.super) * super_bytes(F) + (g % F.super) * group_bytes(F);
+  return p + g * group_bytes(F);
+}
+
+template <int64_t KIND>
+inline const uint8_t* tail_at(const uint8_t* p, int64_t g) {
+  constexpr Format F = format_of(KIND);
+  return p + (g / (F.super ? F.super : 1)) * super_bytes(F) + (F.super ? F.super : 1) * group_bytes(F);
+}
+
+// The bytes that group g's products read: its own, and after the last of a superblock the d's.
+template <int64_t KIND>
+constexpr int64_t read_bytes(int64_t g) {
+  constexpr Format F = format_of(KIND);
+  return group_bytes(F) + (F.super && g % F.super == F.super - 1 ? tail_bytes(F) : 0);
 }
 
 void check_kind(int64_t kind) {
@@ -555,11 +586,7 @@ void check_kind(int64_t kind) {
               "unsupported GGUF block type ", kind);
 }
 
-SPECDEC_AVX2 void store_scale(uint8_t* p, float v, bool f32) {
-  if (f32) {
-    std::memcpy(p, &v, 4);
-    return;
-  }
+SPECDEC_AVX2 void store_half(uint8_t* p, float v) {
   const uint16_t h = _cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT);
   TORCH_CHECK(_cvtsh_ss(h) == v, "a float16 scale did not survive packing");
   std::memcpy(p, &h, 2);
@@ -570,7 +597,8 @@ SPECDEC_AVX2 void pack_block(const uint8_t* w, int64_t row_bytes, int64_t K, int
   constexpr Format F = format_of(KIND);
   constexpr int64_t halves = QK / F.G;  // groups a 32-weight decode holds
   std::vector<uint8_t> order(PACKED_COLS * F.G);
-  std::vector<float> a(PACKED_COLS), off(PACKED_COLS);
+  std::vector<float> a(PACKED_COLS), off(PACKED_COLS), d(PACKED_COLS), dmin(PACKED_COLS);
+  std::vector<int8_t> sc(PACKED_COLS), m(PACKED_COLS);
   for (int64_t g32 = 0; g32 < K / QK; ++g32)
     for (int64_t h = 0; h < halves; ++h) {
       const int64_t g = g32 * halves + h;
@@ -585,8 +613,13 @@ SPECDEC_AVX2 void pack_block(const uint8_t* w, int64_t row_bytes, int64_t K, int
         }
         a[n] = h ? c.a1 : c.a0, off[n] = KIND == Q8_0 ? -128.f * a[n] : h ? c.b1 : c.b0;  // Q8_0: the + 128
         if (!F.has_b) TORCH_CHECK(off[n] == F.offset * a[n], "a block's offset is not ", F.offset, " times its scale");
+        if constexpr (F.super != 0) {
+          d[n] = c.d, dmin[n] = -c.dmin, sc[n] = h ? c.scale1 : c.scale0, m[n] = c.min;
+          TORCH_CHECK(d[n] * static_cast<float>(sc[n]) == a[n] && (!F.has_b || dmin[n] * static_cast<float>(m[n]) == off[n]),
+                      "a superblock's scales do not give its groups' maps");
+        }
       }
-      uint8_t* p = out + g * group_bytes(F);
+      uint8_t* p = const_cast<uint8_t*>(group_at<KIND>(out, g));
       const int64_t n_order = PACKED_COLS * F.G;
       if (F.bytes) {
         std::memcpy(p, order.data(), n_order);
@@ -600,10 +633,19 @@ SPECDEC_AVX2 void pack_block(const uint8_t* w, int64_t row_bytes, int64_t K, int
         }
       }
       uint8_t* scales = p + code_bytes(F) + F.planes * plane_bytes(F);
-      const int64_t width = F.f32 ? 4 : 2;
-      for (int64_t n = 0; n < PACKED_COLS; ++n) {
-        store_scale(scales + n * width, a[n], F.f32);
-        if (F.has_b) store_scale(scales + scale_bytes(F) + n * width, off[n], F.f32);
+      if constexpr (F.super != 0) {
+        std::memcpy(scales, sc.data(), PACKED_COLS);
+        if (F.has_b) std::memcpy(scales + scale_bytes(F), m.data(), PACKED_COLS);
+        uint8_t* tail = const_cast<uint8_t*>(tail_at<KIND>(out, g));
+        for (int64_t n = 0; n < PACKED_COLS; ++n) {  // the same for each group of the superblock
+          store_half(tail + 2 * n, d[n]);
+          if (F.has_b) store_half(tail + 2 * PACKED_COLS + 2 * n, dmin[n]);
+        }
+      } else {
+        for (int64_t n = 0; n < PACKED_COLS; ++n) {
+          store_half(scales + 2 * n, a[n]);
+          if (F.has_b) store_half(scales + scale_bytes(F) + 2 * n, off[n]);
+        }
       }
     }
 }
@@ -617,7 +659,7 @@ torch::Tensor pack_int8(torch::Tensor w, int64_t kind, int64_t K) {
   TORCH_CHECK(w.size(0) % PACKED_COLS == 0, "pack_int8 takes a multiple of 16 output rows, not ", w.size(0));
   const Format f = format_of(kind);
   const int64_t blocks = w.size(0) / PACKED_COLS, row_bytes = w.size(1);
-  torch::Tensor out = torch::zeros({blocks, K / f.G * group_bytes(f)}, w.options());
+  torch::Tensor out = torch::zeros({blocks, packed_bytes(f, K)}, w.options());
   const uint8_t* wp = w.data_ptr<uint8_t>();
   uint8_t* op = out.data_ptr<uint8_t>();
   const int64_t stride = out.size(1);
@@ -680,9 +722,18 @@ SPECDEC_AVX2 PackedActs quantize_acts(const float* x, int64_t M, int64_t K, int6
   return out;
 }
 
-// A group's codes in VNNI order (G / 4 zmm) and its a and b for the block's 16 columns.
+// 16 int8 and 16 float16 scales as float32.
+SPECDEC_VNNI inline __m512 ints16(const uint8_t* q) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
+}
+SPECDEC_VNNI inline __m512 halves16(const uint8_t* q) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)));
+}
+
+// A group's codes in VNNI order (G / 4 zmm) and its a and b for the block's 16 columns (p: the group,
+// tail: its superblock's d and -dmin, for the types that have them).
 template <int64_t KIND>
-SPECDEC_VNNI inline void unpack_group(const uint8_t* p, __m512i t[], __m512& a, __m512& b) {
+SPECDEC_VNNI inline void unpack_group(const uint8_t* p, const uint8_t* tail, __m512i t[], __m512& a, __m512& b) {
   constexpr Format F = format_of(KIND);
   constexpr int64_t n = F.G / 4;
   if constexpr (F.bytes) {
@@ -705,9 +756,10 @@ SPECDEC_VNNI inline void unpack_group(const uint8_t* p, __m512i t[], __m512& a, 
     }
   }
   const uint8_t* scales = p + code_bytes(F) + F.planes * plane_bytes(F);
-  if constexpr (F.f32) {
-    a = _mm512_loadu_ps(scales);
-    b = F.has_b ? _mm512_loadu_ps(scales + scale_bytes(F)) : _mm512_mul_ps(a, _mm512_set1_ps(F.offset));
+  if constexpr (F.super != 0) {  // d sc and -dmin m, exact in float32
+    a = _mm512_mul_ps(halves16(tail), ints16(scales));
+    b = F.has_b ? _mm512_mul_ps(halves16(tail + 2 * PACKED_COLS), ints16(scales + scale_bytes(F)))
+                : _mm512_mul_ps(a, _mm512_set1_ps(F.offset));
   } else {
     a = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales)));
     b = F.has_b ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + scale_bytes(F))))
@@ -735,17 +787,17 @@ SPECDEC_VNNI void vnni_rows(const PackedActs& x, const uint8_t* w, int64_t strid
                             int64_t b0, int64_t b1) {
   static_assert(R >= 1 && R <= 16, "a row tile is at most 16 rows");
   constexpr Format F = format_of(KIND);
-  constexpr int64_t GB = group_bytes(F);
   for (int64_t blk = b0; blk < b1; ++blk) {
-    const uint8_t* p = w + blk * stride;
+    const uint8_t* block = w + blk * stride;
     __m512 acc[R];
 #pragma GCC unroll 16
     for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < x.groups; ++g, p += GB) {
-      prefetch_group(p, GB);
+    for (int64_t g = 0; g < x.groups; ++g) {
+      const uint8_t* p = group_at<KIND>(block, g);
+      prefetch_group(p, read_bytes<KIND>(g));
       __m512i t[F.G / 4];
       __m512 a, b;
-      unpack_group<KIND>(p, t, a, b);
+      unpack_group<KIND>(p, tail_at<KIND>(block, g), t, a, b);
       const int64_t at0 = x.at(r0, g);
       const int8_t* q0 = x.q.data() + at0 * F.G;
       const float* d = x.d.data() + at0;
@@ -814,18 +866,19 @@ __attribute__((always_inline)) SPECDEC_AMX_INT8 inline void amx_groups(int n, co
   for (int j = 0; j < n; ++j) accumulate_tile(c[j], scales + j * 2 * PACKED_COLS, d + j * 16, s + j * 16, acc);
 }
 
-// Up to four of a block's groups (from p) unpacked into B tiles in memory (G / 4 rows of 64 bytes each),
-// with their a and b side by side.
+// Up to four of a block's groups (from group g0 of the block) unpacked into B tiles in memory (G / 4
+// rows of 64 bytes each), with their a and b side by side.
 template <int64_t KIND>
-__attribute__((always_inline)) SPECDEC_AMX_INT8 inline void unpack_groups(int n, const uint8_t* p, uint8_t* btiles,
-                                                                          float* scales) {
+__attribute__((always_inline)) SPECDEC_AMX_INT8 inline void unpack_groups(int n, const uint8_t* block, int64_t g0,
+                                                                          uint8_t* btiles, float* scales) {
   constexpr Format F = format_of(KIND);
-  constexpr int64_t GB = group_bytes(F), TILE = F.G / 4 * 64;
-  for (int j = 0; j < n; ++j, p += GB) {
-    prefetch_group(p, GB);
+  constexpr int64_t TILE = F.G / 4 * 64;
+  for (int j = 0; j < n; ++j) {
+    const uint8_t* p = group_at<KIND>(block, g0 + j);
+    prefetch_group(p, read_bytes<KIND>(g0 + j));
     __m512i t[F.G / 4];
     __m512 a, b;
-    unpack_group<KIND>(p, t, a, b);
+    unpack_group<KIND>(p, tail_at<KIND>(block, g0 + j), t, a, b);
     for (int64_t i = 0; i < F.G / 4; ++i) _mm512_store_si512(btiles + j * TILE + 64 * i, t[i]);
     _mm512_store_ps(scales + j * 2 * PACKED_COLS, a);
     _mm512_store_ps(scales + j * 2 * PACKED_COLS + PACKED_COLS, b);
@@ -841,7 +894,7 @@ template <int64_t KIND>
 SPECDEC_AMX_INT8 void amx_rows(const PackedActs& x, const uint8_t* w, int64_t stride, float* out, int64_t N,
                                int64_t b0, int64_t b1) {
   constexpr Format F = format_of(KIND);
-  constexpr int64_t GB = group_bytes(F), TILE = F.G / 4 * 64;
+  constexpr int64_t TILE = F.G / 4 * 64;
   TileConfig config;
   for (int t = 0; t < 4; ++t) config.rows[t] = 16, config.colsb[t] = 64;  // C: 16 rows x 16 int32
   for (int t = 4; t < 6; ++t) config.rows[t] = 16, config.colsb[t] = static_cast<uint16_t>(F.G);  // A: 16 x G int8
@@ -862,9 +915,9 @@ SPECDEC_AMX_INT8 void amx_rows(const PackedActs& x, const uint8_t* w, int64_t st
 #pragma GCC unroll 16
     for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
     std::fill(acc_rows.begin(), acc_rows.end(), 0.f);
-    unpack_groups<KIND>(size(0), p, btiles[0], scales[0]);
+    unpack_groups<KIND>(size(0), p, 0, btiles[0], scales[0]);
     for (int64_t k = 0; k < chunks; ++k) {
-      if (k + 1 < chunks) unpack_groups<KIND>(size(k + 1), p + 4 * (k + 1) * GB, btiles[(k + 1) % 2], scales[(k + 1) % 2]);
+      if (k + 1 < chunks) unpack_groups<KIND>(size(k + 1), p, 4 * (k + 1), btiles[(k + 1) % 2], scales[(k + 1) % 2]);
       const uint8_t* bt = btiles[k % 2];
       const float* sc = scales[k % 2];
       for (int64_t r0 = 0; r0 < Mp; r0 += 16) {
@@ -944,10 +997,19 @@ SPECDEC_AVX2 inline __m256i step_pairs(__m256i lo, __m256i hi, const int8_t* q, 
                           _mm256_maddubs_epi16(hi, broadcast_dword(q + 4 * (i + STEPS / 2))));
 }
 
+// 8 int8 and 8 float16 scales as float32.
+SPECDEC_AVX2 inline __m256 ints8(const uint8_t* q) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+}
+SPECDEC_AVX2 inline __m256 halves8(const uint8_t* q) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+}
+
 // Half h (columns 8 h .. 8 h + 7) of one group of a block for rows r0 .. r0 + R - 1 of x: the group's
 // integer sums, then accumulate_group's float steps into acc, 8 lanes at a time.
 template <int64_t KIND, int64_t R>
-__attribute__((always_inline)) SPECDEC_AVX2 inline void avx2_half_group(const PackedActs& x, const uint8_t* p, int64_t g,
+__attribute__((always_inline)) SPECDEC_AVX2 inline void avx2_half_group(const PackedActs& x, const uint8_t* p,
+                                                                        const uint8_t* tail, int64_t g,
                                                                         int64_t h, int64_t r0, __m256 acc[R]) {
   constexpr Format F = format_of(KIND);
   constexpr int64_t STEPS = F.G / 4;
@@ -1001,9 +1063,9 @@ __attribute__((always_inline)) SPECDEC_AVX2 inline void avx2_half_group(const Pa
   }
   const uint8_t* scales = p + code_bytes(F) + F.planes * plane_bytes(F);
   __m256 a, b;
-  if constexpr (F.f32) {
-    a = _mm256_loadu_ps(reinterpret_cast<const float*>(scales) + 8 * h);
-    b = F.has_b ? _mm256_loadu_ps(reinterpret_cast<const float*>(scales + scale_bytes(F)) + 8 * h)
+  if constexpr (F.super != 0) {  // unpack_group's d sc and -dmin m, for columns 8 h ..
+    a = _mm256_mul_ps(halves8(tail + 16 * h), ints8(scales + 8 * h));
+    b = F.has_b ? _mm256_mul_ps(halves8(tail + 2 * PACKED_COLS + 16 * h), ints8(scales + scale_bytes(F) + 8 * h))
                 : _mm256_mul_ps(a, _mm256_set1_ps(F.offset));
   } else {
     a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + 16 * h)));
@@ -1029,18 +1091,19 @@ template <int64_t KIND, int64_t R>
 SPECDEC_AVX2 void avx2_rows(const PackedActs& x, const uint8_t* w, int64_t stride, float* out, int64_t N, int64_t r0,
                             int64_t b0, int64_t b1) {
   static_assert(R >= 1 && R <= 16, "a row tile is at most 16 rows");
-  constexpr int64_t GB = group_bytes(format_of(KIND));
   for (int64_t blk = b0; blk < b1; ++blk) {
     __m256 acc[2][R];
 #pragma GCC unroll 2
     for (int64_t h = 0; h < 2; ++h)
 #pragma GCC unroll 16
       for (int64_t r = 0; r < R; ++r) acc[h][r] = _mm256_setzero_ps();
-    const uint8_t* p = w + blk * stride;
-    for (int64_t g = 0; g < x.groups; ++g, p += GB) {
-      prefetch_group(p, GB);
-      avx2_half_group<KIND, R>(x, p, g, 0, r0, acc[0]);
-      avx2_half_group<KIND, R>(x, p, g, 1, r0, acc[1]);
+    const uint8_t* block = w + blk * stride;
+    for (int64_t g = 0; g < x.groups; ++g) {
+      const uint8_t* p = group_at<KIND>(block, g);
+      const uint8_t* tail = tail_at<KIND>(block, g);
+      prefetch_group(p, read_bytes<KIND>(g));
+      avx2_half_group<KIND, R>(x, p, tail, g, 0, r0, acc[0]);
+      avx2_half_group<KIND, R>(x, p, tail, g, 1, r0, acc[1]);
     }
 #pragma GCC unroll 2
     for (int64_t h = 0; h < 2; ++h)
@@ -1091,7 +1154,7 @@ void packed_matmul(const float* xp, const uint8_t* w, float* out, int64_t M, int
   static thread_local PackedActs buffer;  // one call at a time on a thread: its buffers serve the next
   quantize_acts_into(buffer, xp, M, K, F.G, amx);
   const PackedActs& x = buffer;
-  const int64_t blocks = N / PACKED_COLS, stride = K / F.G * group_bytes(F);
+  const int64_t blocks = N / PACKED_COLS, stride = packed_bytes(F, K);
   const bool vnni = vnni_on();
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     if (amx) {
@@ -1129,16 +1192,15 @@ bool amx_bf16() { return amx_granted(false); }
 // The block's groups as bfloat16 B tiles: K / 2 rows of 64 bytes, row k / 2 holding weights k and k + 1
 // of each of the 16 columns side by side (the VNNI pairs tdpbf16ps takes).
 template <int64_t KIND>
-SPECDEC_AMX_BF16 void dequant_block(const uint8_t* p, int64_t groups, uint16_t* out) {
+SPECDEC_AMX_BF16 void dequant_block(const uint8_t* block, int64_t groups, uint16_t* out) {
   constexpr Format F = format_of(KIND);
-  constexpr int64_t GB = group_bytes(F);
   const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                          21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i byte = _mm512_set1_epi32(0xFF);
-  for (int64_t g = 0; g < groups; ++g, p += GB) {
+  for (int64_t g = 0; g < groups; ++g) {
     __m512i t[F.G / 4];
     __m512 a, b;
-    unpack_group<KIND>(p, t, a, b);
+    unpack_group<KIND>(group_at<KIND>(block, g), tail_at<KIND>(block, g), t, a, b);
     for (int64_t i = 0; i < F.G / 4; ++i) {  // weights 4i .. 4i + 3 of the group, column n in dword n
       __m512 w[4];
       for (int j = 0; j < 4; ++j)
@@ -1238,7 +1300,7 @@ PromptBuffers& prompt_buffers() {
 template <int64_t KIND>
 void prompt_matmul(const float* xp, const uint8_t* w, float* out, int64_t M, int64_t K, int64_t N) {
   constexpr Format F = format_of(KIND);
-  const int64_t blocks = N / PACKED_COLS, stride = K / F.G * group_bytes(F), Mp = (M + 15) / 16 * 16;
+  const int64_t blocks = N / PACKED_COLS, stride = packed_bytes(F, K), Mp = (M + 15) / 16 * 16;
   // The bfloat16 copies live on between calls (a fresh few-MB buffer a call costs its page faults, as
   // much as the dequantisation for a short prompt); every element is written before it is read.
   // The worker threads take the caller's buffers through these pointers (a thread_local named inside the
@@ -1296,7 +1358,7 @@ torch::Tensor linear_packed(const torch::Tensor& x, const torch::Tensor& w, int6
   check_kind(kind);
   const Format f = format_of(kind);
   TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w: packed uint8 blocks");
-  TORCH_CHECK(K % f.G == 0 && w.size(1) == K / f.G * group_bytes(f), "w is not pack_int8's layout for ", K, " inputs");
+  TORCH_CHECK(K % f.G == 0 && w.size(1) == packed_bytes(f, K), "w is not pack_int8's layout for ", K, " inputs");
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && x.size(-1) == K, "x: float32 with ", K, " features");
   TORCH_CHECK(!prompt || (K % 32 == 0 && amx_bf16()), "prompt rows on the tiles need AMX-BF16 and K a multiple of 32");
   torch::Tensor x2 = as_rows(x, K);
