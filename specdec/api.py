@@ -62,7 +62,7 @@ class SpecDec:
                  backend: str = "auto", weights: str = "auto"):
         if weights not in WEIGHTS:
             raise SpecdecError(f"unknown weights {weights!r}: use {', '.join(WEIGHTS)}")
-        weights = target_weights(weights, [drafter])
+        weights = target_weights(weights, [drafter], target)
         self.target = load_model(target, load_dtype(dtype, weights, target, backend, device,
                                                     blocks_drafter=drafts_on_blocks([drafter])), device)
         target_pass = target_backend(self.target, backend, weights, dtype)

@@ -717,6 +717,6 @@ def test_cli_weights_errors_are_clear(tiny_dirs):
     proc = run_cli("generate", "hello", "--target", str(tiny_dirs["target"]), "--weights", "gguf", "--max-new-tokens", "4")
     assert_clean_error(proc, "--weights gguf", "not a GGUF model")
     proc = run_cli("generate", "hello", "--target", str(tiny_dirs["target"]), "--drafter", "self-q4", "--dtype", "bfloat16")
-    assert_clean_error(proc, "--weights q4_0", "float32 activations")  # self-q4 quantises a user's model to Q4_0
+    assert_clean_error(proc, "--drafter self-q4", "Q4_0", "float32 activations", "--dtype auto or float32")
     proc = run_cli("generate", "hello", "--weights", "int3")
     assert_clean_error(proc, "--weights", "int3")

@@ -90,7 +90,7 @@ def run_bench(config: BenchConfig, progress=None, log=None) -> list[dict]:
     """Run everything; returns rows (also the input of the table and plots). `log` takes notes for
     the user (default: stderr)."""
     log = log or (lambda message: print(f"specdec: {message}", file=sys.stderr))
-    weights = target_weights(config.weights, config.drafters)
+    weights = target_weights(config.weights, config.drafters, config.target)
     target = load_model(config.target, load_dtype(config.dtype, weights, config.target, config.backend,
                                                   blocks_drafter=drafts_on_blocks(config.drafters)))
     prompts = collect_prompts(config)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from ..config import DRAFTER_KINDS, DRAFTER_SYNTAX, parse_drafter
 from ..errors import SpecdecError
+from ..gguf_file import is_gguf_path
 from .base import Drafter, Proposal
 from .model import ModelDrafter
 from .ngram import NGramDrafter, NGramTable, NGramTreeDrafter
@@ -65,9 +68,14 @@ def drafts_on_blocks(drafter_specs: list[str]) -> bool:
     return any(parse_drafter(spec)[0] == "self-q4" for spec in drafter_specs)
 
 
-def target_weights(weights: str, drafter_specs: list[str]) -> str:
-    """--weights for a target drafted for by these drafters: `auto` means float when one of them is
-    self-q4 (it drafts with the GGUF blocks for the target on its float weights)."""
+def target_weights(weights: str, drafter_specs: list[str], target: str) -> str:
+    """--weights for `target` drafted for by these drafters: `auto` means float when one of them is
+    self-q4 (it drafts with the GGUF blocks for the target on its float weights), which a .gguf file,
+    blocks only, cannot be."""
+    if drafts_on_blocks(drafter_specs) and is_gguf_path(target):
+        raise SpecdecError("--drafter self-q4 drafts with a target's GGUF blocks while the target runs on its float "
+                           "weights; a .gguf file runs on its own blocks and has no float weights to run: draft "
+                           "for it with prompt-lookup, suffix or model:SMALLER.gguf")
     if weights == "auto" and drafts_on_blocks(drafter_specs):
         return "float"
     return weights
@@ -139,6 +147,11 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
                                   asked_by="--drafter self-q4 runs on the target's GGUF blocks")
             on_blocks = make_backend(target.model, "lean", gguf=gguf, int8_activations=True)
         else:  # any other: its float weights quantised to Q4_0 here
+            if target.dtype != torch.float32:
+                raise SpecdecError(
+                    "--drafter self-q4 drafts on the target's weights quantised to Q4_0 blocks, which share the "
+                    "target's embeddings and norms and take float32 activations, so the target loads in float32 "
+                    f"(--dtype auto or float32), not {str(target.dtype).removeprefix('torch.')}")
             on_blocks = quantised_backend(target.model, "q4_0", target.dtype, backend)
         target_width = target.model.get_output_embeddings().weight.shape[0]
         return ModelDrafter(on_blocks, target_width, label="self-q4")
