@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from ..config import WEIGHTS
@@ -24,8 +25,32 @@ def run(args: argparse.Namespace) -> int:
     from ..drafters.trained import is_trained_drafter, save_drafter
     from ..models import load_model
     from ..training.data import DataRecipe, DistillData, data_files, sequence_count
-    from ..training.train import SIZES, TrainRecipe, aux_layers_for, train
+    from ..training.shards import summary as shard_summary
+    from ..training.train import (
+        SIZES,
+        StopRequest,
+        TrainRecipe,
+        aux_layers_for,
+        read_optimizer_state,
+        save_optimizer_state,
+        train,
+    )
 
+    if args.resume:
+        if args.init or args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+            raise SpecdecError("--resume DIR continues the drafter in DIR and writes it back there: leave out --out and "
+                               "--init (or use --init DIR --out NEW to keep DIR as it is)")
+        if not is_trained_drafter(args.resume):
+            raise SpecdecError(f"--resume {args.resume} holds no trained drafter: give a directory written by "
+                               "train-drafter (or start one with --out)")
+        args.init, args.out, args.overwrite = args.resume, args.resume, True
+    if not args.out:
+        raise SpecdecError("give --out DIR (where the drafter is written) or --resume DIR (a drafter to continue)")
+    if args.time_limit is not None and args.time_limit <= 0 or args.sample_minutes is not None and args.sample_minutes < 0:
+        raise SpecdecError("--time-limit must be positive and --sample-minutes 0 or more")
+    if args.sample_minutes and not args.data_dir:
+        raise SpecdecError("--sample-minutes samples new shards into a --data-dir: give one (e.g. data/distill/smollm2-135m)")
+    began = time.monotonic()
     out = Path(args.out)
     if out.is_dir() and any(out.iterdir()) and not (is_trained_drafter(out) and args.overwrite):
         what = "a trained drafter" if is_trained_drafter(out) else "files that are not a trained drafter"
@@ -100,25 +125,92 @@ def run(args: argparse.Namespace) -> int:
 
         start = read_net(args.init, target)
         recipe.vocab_size = start.vocab.numel()
-    files = [data_files(target, r, log, backend) for r in recipes]
-    # read together, not concatenated: millions of positions' features are never held twice
-    data = DistillData.load([f for fs in files for f in fs], features=args.kind != "eagle3", aux=args.kind == "eagle3")
-    sets, at = {}, 0
-    for name, fs in zip(("tasks", "chat"), files):
-        count = sum(sequence_count(f) for f in fs)
-        sets[name], at = range(at, at + count), at + count
-    net = train(target, data, recipe, log, start=start, sets=sets)
-    if earlier is not None:
+    stop = StopRequest(lambda: log("interrupted: keeping what is done (finished shards; the drafter trained so far), "
+                                   "then stopping (again to abandon it)"))
+    with stop:
+        if args.data_dir:  # the committed shards, grown first by --sample-minutes of sampling
+            data, sets, recipe.minutes = shard_data(args, target, backend, aux, began, stop, log)
+            if data is None:
+                return 0
+        else:
+            files = [data_files(target, r, log, backend) for r in recipes]
+            # read together, not concatenated: millions of positions' features are never held twice
+            data = DistillData.load([f for fs in files for f in fs], features=args.kind != "eagle3",
+                                    aux=args.kind == "eagle3")
+            sets, at = {}, 0
+            for name, fs in zip(("tasks", "chat"), files):
+                count = sum(sequence_count(f) for f in fs)
+                sets[name], at = range(at, at + count), at + count
+        moments = {}
+        optimizer_state = None
+        if args.resume and start is not None:
+            optimizer_state = read_optimizer_state(args.resume, start.float(), recipe.lr)
+            log(f"continuing {args.resume} " + ("with its optimiser state" if optimizer_state else
+                                                "(no optimiser state saved beside it: the moments start afresh)"))
+        net = train(target, data, recipe, log, start=start, sets=sets, optimizer_state=optimizer_state,
+                    keep_optimizer=moments.update, stop=stop)
+    if earlier is not None and not args.resume:
         net.config.recipe["continued_from"] = {"path": str(args.init), "recipe": earlier.recipe}
-    net.config.recipe["data"] = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "seed": args.data_seed,
-                                 "chat_prompts": args.chat_prompts, "chat_max_new_tokens": args.chat_max_new_tokens,
-                                 "chat_samples": args.chat_samples, "answer_tokens": int(data.token_counts.sum()),
-                                 "positions": int(data.tokens.numel()),
-                                 "sampled_on": backend.path if backend is not None else "transformers"}
+    if args.data_dir:
+        net.config.recipe["data"] = {"data_dir": str(args.data_dir), **shard_summary(args.data_dir)}
+    else:
+        net.config.recipe["data"] = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
+                                     "seed": args.data_seed, "chat_prompts": args.chat_prompts,
+                                     "chat_max_new_tokens": args.chat_max_new_tokens,
+                                     "chat_samples": args.chat_samples, "answer_tokens": int(data.token_counts.sum()),
+                                     "positions": int(data.tokens.numel()),
+                                     "sampled_on": backend.path if backend is not None else "transformers"}
+    if args.resume:  # one line a run: the curve across sessions
+        runs = earlier.recipe.get("runs") or ([run_summary(earlier.recipe)] if "steps_done" in earlier.recipe else [])
+        net.config.recipe["runs"] = runs + [run_summary(net.config.recipe)]
     save_drafter(net, out)
+    if args.resume or args.data_dir:
+        save_optimizer_state(moments, out)
     megabytes = sum(f.stat().st_size for f in out.iterdir()) / 1e6
     log(f"wrote {out} ({megabytes:.1f} MB); use it with --drafter {out}")
     return 0
+
+
+def shard_data(args, target, backend, aux: tuple, began: float, stop, log):
+    """--data-dir: sample new shards there for --sample-minutes (half of --time-limit when only that is
+    given), then read every shard's sequences with their teacher signal. Returns (data, held-out sets by
+    task, training minutes), or (None, None, None) when a stop came before training."""
+    from ..training.data import DistillData
+    from ..training.shards import sample_shards, task_sets, teacher_files
+
+    limit = args.time_limit * 60 if args.time_limit else None
+    sampling = args.sample_minutes * 60 if args.sample_minutes is not None else (limit / 2 if limit else 0)
+    deadline = time.monotonic() + sampling  # --sample-minutes of sampling, within the run's --time-limit
+    if limit:
+        deadline = min(deadline, began + limit)
+    if sampling > 0:
+        new = sample_shards(target, backend, args.data_dir, deadline, lambda: stop.requested, log,
+                            max_new_tokens=args.chat_max_new_tokens, batch=args.data_batch, seed=args.data_seed,
+                            aux_layers=aux)
+        log(f"distillation data: {len(new)} new shards in {args.data_dir}")
+    if stop.requested:
+        log("stopped before training: the shards sampled are kept; run again to train on them")
+        return None, None, None
+    files = teacher_files(target, args.data_dir, log, aux_layers=aux)
+    if not files:
+        raise SpecdecError(f"{args.data_dir} holds no data shards yet: give --sample-minutes M (or --time-limit) "
+                           "to sample some first")
+    data = DistillData.load(files, features=args.kind != "eagle3", aux=args.kind == "eagle3")
+    minutes = args.minutes if args.minutes is not None else 30.0
+    if limit:
+        left = (limit - (time.monotonic() - began)) / 60 - 0.5  # half a minute to measure and save
+        if left <= 0:
+            log("the time limit ran out before training: the shards are kept; run again to train on them")
+            return None, None, None
+        minutes = min(minutes, left) if args.minutes is not None else left
+    return data, task_sets(args.data_dir), minutes
+
+
+def run_summary(recipe: dict) -> dict:
+    """One training run, as the drafter's recipe["runs"] keeps it: when, how long, on what, and its
+    held-out α by task and draft position."""
+    return {key: recipe.get(key)
+            for key in ("finished", "steps_done", "seconds", "interrupted", "data", "final_loss", "held_out")}
 
 
 def parse_layers(text: str | None) -> tuple[int, ...] | None:
@@ -135,7 +227,18 @@ def register(sub) -> None:
     p = sub.add_parser("train-drafter", help="train a drafter (draft-lm, medusa, eagle or eagle3) for a target")
     add_target(p)
     p.add_argument("--kind", required=True, help="draft-lm, medusa, eagle or eagle3")
-    p.add_argument("--out", required=True, help="directory to write the drafter to")
+    p.add_argument("--out", default=None, help="directory to write the drafter to")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the drafter in DIR (weights, and AdamW's moments where saved beside it) and write it "
+                        "back there, with this run added to its recipe's runs")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="train on the token-id shards in DIR (e.g. data/distill/smollm2-135m, committed to the "
+                        "repository), their teacher signal rebuilt here by one teacher-forced pass")
+    p.add_argument("--sample-minutes", type=float, default=None,
+                   help="first sample new shards into --data-dir for this long, on prompts no shard used yet")
+    p.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
+                   help="the whole run's clock: sampling (half of it unless --sample-minutes), the teacher pass, "
+                        "training and saving; SIGTERM or Ctrl-C also stop it with everything saved")
     p.add_argument("--size", default="s", choices=("s", "m", "l"),
                    help="draft-lm size: s = 1 layer, m = 2 layers, l = 4 layers (MLP width 1536)")
     p.add_argument("--layers", type=int, default=None,

@@ -24,11 +24,13 @@ held-out sequences (every 20th).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import sys
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -316,24 +318,27 @@ def _device(net: DraftNet) -> torch.device:
 
 
 class StopRequest:
-    """Ctrl-C during training asks the loop to stop after the step in progress, so that the steps done so far are
-    measured and saved rather than lost; a second Ctrl-C raises KeyboardInterrupt at once. Only in the main
-    thread (where Python runs signal handlers); elsewhere Ctrl-C is left alone."""
+    """Ctrl-C or SIGTERM (what systemd, Docker and batch schedulers send) during training asks the loop to stop
+    after the step in progress, so that the steps done so far are measured and saved rather than lost; a
+    second one raises KeyboardInterrupt at once. Only in the main thread (where Python runs signal handlers);
+    elsewhere the signals are left alone."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, announce=lambda: None):
         self.requested = False
         self._announce = announce
-        self._previous = None
+        self._previous: dict = {}
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._on_interrupt)
+            self._previous = {s: signal.signal(s, self._on_interrupt) for s in self.SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
 
     def _on_interrupt(self, signum, frame) -> None:
         if self.requested:
@@ -343,11 +348,15 @@ class StopRequest:
 
 
 def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: bool = True,
-          start: DraftNet | None = None, sets: dict[str, range] | None = None) -> DraftNet:
+          start: DraftNet | None = None, sets: dict[str, Collection[int]] | None = None,
+          optimizer_state: dict | None = None, keep_optimizer=None, stop: StopRequest | None = None) -> DraftNet:
     """Train a drafter of `recipe.kind` for `target` (a LoadedModel) on `data`; returns it in float32.
     `start`: a saved drafter of the same kind and sizes to continue from (`drafters.trained.read_net`;
-    its draft vocabulary is kept). `sets`: named ranges of sequences (the data sets concatenated):
-    the held-out agreement per draft position is measured on each at the end (recipe["held_out"])."""
+    its draft vocabulary is kept), `optimizer_state` its AdamW moments (read_optimizer_state; the
+    warm-up is then skipped). `sets`: named collections of sequences (indices into the data): the
+    held-out agreement per draft position is measured on each at the end (recipe["held_out"]).
+    `keep_optimizer(state_dict)` receives the optimiser's state at the end; `stop`: a StopRequest the
+    caller already holds (default: one for the loop)."""
     from tqdm import tqdm
 
     torch.manual_seed(recipe.seed)
@@ -388,6 +397,10 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
         recipe = replace(recipe, bf16=_device(net).type == "cpu" and auto_dtype(_device(net)) == torch.bfloat16)
     autocast = torch.autocast(_device(net).type, dtype=torch.bfloat16, enabled=recipe.bf16)
     optimizer = torch.optim.AdamW(trainable, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    warmup = recipe.warmup
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
+        warmup = 1  # the moments are estimated already
 
     start = time.perf_counter()
     budget = recipe.steps if recipe.steps else recipe.minutes * 60.0
@@ -403,12 +416,13 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
     step, smooth, shown = 0, None, 0
     first_loss = None
     net.train()
-    stop = StopRequest(lambda: log(f"{recipe.kind}: interrupted: stopping after the step in progress, then measuring and "
-                                   "keeping the drafter trained so far (Ctrl-C again to abandon it)"))
-    with stop:
+    own_stop = stop is None
+    stop = stop or StopRequest(lambda: log(f"{recipe.kind}: interrupted: stopping after the step in progress, then "
+                                           "measuring and keeping the drafter trained so far (Ctrl-C again to abandon it)"))
+    with stop if own_stop else contextlib.nullcontext():
         while done_fraction(step) < 1.0 and not stop.requested:
             fraction = done_fraction(step)
-            scale = min(1.0, (step + 1) / recipe.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, fraction))))
+            scale = min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, fraction))))
             for group in optimizer.param_groups:
                 group["lr"] = recipe.lr * scale
             with autocast:
@@ -449,11 +463,58 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
             log(f"{recipe.kind}: held-out {name} ({by_set[name]['sequences']} sequences, {by_set[name]['positions']} "
                 f"answer positions): α (T=0) by draft position {by_set[name]['alpha_t0']}, Σmin(p,q) (T=1) "
                 f"{by_set[name]['alpha_t1']}")
+    if keep_optimizer is not None:
+        keep_optimizer(optimizer.state_dict())
     net.config.recipe = {**asdict(recipe), "trained_parameters": size, "vocab_mass_covered": covered,
                          "steps_done": step, "seconds": seconds, "interrupted": stop.requested,
+                         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                          "first_loss": first_loss, "final_loss": smooth, "initialised_from_target": initialised,
                          "history": history, "held_out": by_set}
     log(f"{recipe.kind}: {step} steps{' (interrupted)' if stop.requested else ''} in {seconds:.0f} s, "
         f"loss {first_loss:.3f} -> {smooth:.3f}, "
         f"held-out α (T=0) {alpha0:.3f}, Σmin(p,q) (T=1) {alpha1:.3f}")
     return net
+
+
+OPTIMIZER_FILES = ("optimizer-exp_avg.safetensors", "optimizer-exp_avg_sq.safetensors")
+"""AdamW's two moments beside a saved drafter (bfloat16, one tensor a trained parameter, in order):
+what `train-drafter --resume` continues with. Two files of the drafter's size each, so that none
+is over ~10 MB for the shipped heads."""
+
+
+def save_optimizer_state(state: dict, directory) -> None:
+    """Write AdamW's moments (an optimizer.state_dict()) beside the drafter in `directory`."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    for moment, name in zip(("exp_avg", "exp_avg_sq"), OPTIMIZER_FILES):
+        tensors = {str(i): s[moment].to(torch.bfloat16).contiguous() for i, s in state["state"].items()}
+        steps = {str(i): str(int(s["step"])) for i, s in state["state"].items()}
+        save_file(tensors, str(directory / name), metadata=steps)
+
+
+def read_optimizer_state(directory, net: DraftNet, lr: float) -> dict | None:
+    """The AdamW state saved beside the drafter in `directory` for `net`'s trained parameters, or None
+    where there is none or it does not fit them (shapes differ: the drafter was resized)."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    directory = Path(directory)
+    if not all((directory / name).is_file() for name in OPTIMIZER_FILES):
+        return None
+    trainable = [p for p in net.parameters() if p.requires_grad]
+    state = {}
+    with safe_open(str(directory / OPTIMIZER_FILES[0]), "pt") as m, safe_open(str(directory / OPTIMIZER_FILES[1]), "pt") as v:
+        steps = m.metadata() or {}
+        if sorted(m.keys(), key=int) != [str(i) for i in range(len(trainable))]:
+            return None
+        for i, p in enumerate(trainable):
+            exp_avg, exp_avg_sq = m.get_tensor(str(i)).float(), v.get_tensor(str(i)).float()
+            if exp_avg.shape != p.shape or exp_avg_sq.shape != p.shape:
+                return None
+            state[i] = {"step": torch.tensor(float(steps.get(str(i), 0))), "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+    groups = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.95), weight_decay=0.0).state_dict()["param_groups"]
+    return {"state": state, "param_groups": groups}

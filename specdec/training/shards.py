@@ -1,0 +1,270 @@
+"""Distillation data that outlives the machine it was sampled on: the target's sequences as small
+token-id shards in a folder meant to be committed (e.g. data/distill/smollm2-135m/).
+
+A shard holds what sampling cost: each sequence's prompt and answer as token ids (uint16 where the
+vocabulary fits), its task, and the temperature it was answered at. The teacher signal the drafter
+learns from (final-norm features, eagle3's layer inputs, top-k probabilities) is 1–2 KB a position,
+so it is not stored: one teacher-forced pass rebuilds it from the ids (cached under
+~/.cache/specdec/distill/shards/), far cheaper than sampling the answers again.
+
+`manifest.json` says what the folder holds: the target it was sampled from (checked when read), how
+it was sampled, and per shard its prompt sources, sequence and token counts and when it was made.
+Shards are written whole (a temporary file, then a rename), so a run stopped at any moment leaves
+every shard it finished and nothing half-written; new shards take prompts no shard used yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SpecdecError
+from ..models import target_identity
+from ..paths import cache_dir
+from ..prompts import CHAT_QUESTIONS
+from .data import DataRecipe, DistillData, training_prompts
+from .topics import open_questions
+
+MANIFEST = "manifest.json"
+SHARD_SEQUENCES = 64
+"""Sequences a shard: a stop loses at most the shard in progress (a few minutes of sampling)."""
+TEMPERATURES = (0.0, 1.0)
+TASKS = ("chat", "translate", "summarise", "code")
+FORMAT = 1
+
+
+@dataclass
+class Sequences:
+    """The sequences of shards, in order: prompt and answer token ids, task and temperature."""
+
+    prompts: list[list[int]]
+    answers: list[list[int]]
+    tasks: list[str]
+    temperatures: list[float]
+
+
+def read_manifest(folder: str | Path, identity: dict | None = None) -> dict:
+    """The folder's manifest (an empty one where there is none yet); with `identity`, checked to be the
+    target's (target_identity): data sampled from another model teaches nothing about this one."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        return {"format": FORMAT, "target": identity, "shards": []}
+    try:
+        manifest = json.loads(path.read_text())
+        manifest["shards"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SpecdecError(f"{path} is not a distillation-data manifest ({exc}): give --data-dir a folder "
+                           "train-drafter wrote, or an empty one") from None
+    if identity is not None and manifest.get("target") not in (None, identity):
+        theirs = (manifest.get("target") or {}).get("name", "another model")
+        raise SpecdecError(f"{folder} holds data sampled from {theirs}, not from {identity['name']}: give --data-dir "
+                           "a folder of this target's data (or an empty one)")
+    return manifest
+
+
+def _write_manifest(folder: Path, manifest: dict) -> None:
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    tmp.replace(folder / MANIFEST)
+
+
+def read_sequences(folder: str | Path, names: list[str] | None = None) -> Sequences:
+    """The sequences of the folder's shards (or of the shards `names`), in the manifest's order."""
+    folder = Path(folder)
+    out = Sequences([], [], [], [])
+    for entry in read_manifest(folder)["shards"]:
+        if names is not None and entry["name"] not in names:
+            continue
+        part = _read_shard(folder / entry["name"])
+        for field in ("prompts", "answers", "tasks", "temperatures"):
+            getattr(out, field).extend(getattr(part, field))
+    return out
+
+
+def _read_shard(path: Path) -> Sequences:
+    try:
+        with np.load(path) as z:
+            tokens, offsets, prompt_lengths = z["tokens"].astype(np.int64), z["offsets"], z["prompt_lengths"]
+            tasks, temperatures = z["tasks"], z["temperatures"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise SpecdecError(f"{path}: not a readable data shard ({exc}); remove it and its manifest entry") from None
+    prompts, answers = [], []
+    for a, b, n in zip(offsets[:-1], offsets[1:], prompt_lengths):
+        prompts.append(tokens[a : a + n].tolist())
+        answers.append(tokens[a + n : b].tolist())
+    return Sequences(prompts, answers, [TASKS[t] for t in tasks], temperatures.astype(float).tolist())
+
+
+def write_shard(folder: str | Path, sequences: Sequences, identity: dict, settings: dict, sources: dict) -> str:
+    """Add a shard of these sequences to the folder and its manifest; returns its name."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = read_manifest(folder, identity)
+    manifest["target"] = identity
+    lengths = [len(p) + len(a) for p, a in zip(sequences.prompts, sequences.answers)]
+    flat = [t for p, a in zip(sequences.prompts, sequences.answers) for t in p + a]
+    dtype = np.uint16 if identity["vocab_width"] <= 1 << 16 else np.int32
+    arrays = {"tokens": np.asarray(flat, dtype=dtype),
+              "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+              "prompt_lengths": np.asarray([len(p) for p in sequences.prompts], dtype=np.int32),
+              "tasks": np.asarray([TASKS.index(t) for t in sequences.tasks], dtype=np.uint8),
+              "temperatures": np.asarray(sequences.temperatures, dtype=np.float32)}
+    number = 1 + max((int(e["name"].split("-")[1].split(".")[0]) for e in manifest["shards"]), default=0)
+    name = f"shard-{number:05d}.npz"
+    tmp = folder / (name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez_compressed(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(folder / name)
+    manifest["shards"].append({
+        "name": name, "sequences": len(lengths), "positions": int(sum(lengths)),
+        "answer_tokens": int(sum(len(a) for a in sequences.answers)),
+        "tasks": {t: sequences.tasks.count(t) for t in TASKS if t in sequences.tasks},
+        "sampling": settings, "prompt_sources": sources,
+        "sha256": hashlib.sha256((folder / name).read_bytes()).hexdigest()[:16],
+        "made": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    _write_manifest(folder, manifest)
+    return name
+
+
+def _prompt_key(ids: list[int]) -> str:
+    return hashlib.sha1(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
+
+
+def prompt_pool(seed: int = 0):
+    """Every prompt the machine's text gives, as (task, text), seeded: everyday chat questions
+    (training.topics) alternating with the task mix (chat about commands and messages, translation,
+    summaries, code; training.data.training_prompts) while both last, then the rest of either."""
+    chat = [("chat", q) for q in open_questions(1 << 20, seed, exclude=set(CHAT_QUESTIONS))]
+    tasks = training_prompts(8000, seed)
+    for i in range(max(len(chat), len(tasks))):
+        yield from ([chat[i]] if i < len(chat) else []) + ([tasks[i]] if i < len(tasks) else [])
+
+
+def fresh_prompts(target, pool, used: set[str], count: int, max_prompt_tokens: int) -> list[tuple[str, list[int]]]:
+    """The next `count` (task, prompt ids) of `pool` (an iterator of prompt_pool) that no shard used
+    yet (fewer when it runs out); `used`: the prompt keys already taken (updated)."""
+    out: list[tuple[str, list[int]]] = []
+    for task, text in pool:
+        ids = target.encode(text)[-max_prompt_tokens:]
+        key = _prompt_key(ids)
+        if key not in used:
+            used.add(key)
+            out.append((task, ids))
+            if len(out) == count:
+                break
+    return out
+
+
+def sample_shards(target, backend, folder: str | Path, deadline: float, should_stop, log=print,
+                  max_new_tokens: int = 192, batch: int = 32, seed: int = 0, aux_layers: tuple = ()) -> list[str]:
+    """Sample new shards into `folder` until `deadline` (time.monotonic()) or `should_stop()`, checked
+    between shards; each is recorded locally with its teacher signal (and the hidden states entering
+    `aux_layers`, eagle3's features) as it is sampled, so this machine needs no teacher pass for it.
+    `backend`: the engine backend to sample on (None: transformers). Returns the new shards' names."""
+    from .data import _engine_data, _transformers_data
+
+    folder = Path(folder)
+    identity = target_identity(target)
+    manifest = read_manifest(folder, identity)
+    done = read_sequences(folder) if manifest["shards"] else Sequences([], [], [], [])
+    used = {_prompt_key(p) for p in done.prompts}
+    recipe = DataRecipe(max_new_tokens=max_new_tokens, batch=batch, temperatures=TEMPERATURES, topk=TOPK,
+                        aux_layers=tuple(aux_layers), sampler="engine" if backend is not None else "transformers")
+    names, pool = [], prompt_pool(seed)
+    while time.monotonic() < deadline and not should_stop():
+        chosen = fresh_prompts(target, pool, used, SHARD_SEQUENCES, recipe.max_prompt_tokens)
+        if not chosen:
+            log("distillation data: every prompt the machine's text gives has been sampled")
+            break
+        shard_seed = seed * 1_000_003 + len(manifest["shards"])
+        groups = [i % len(TEMPERATURES) for i in range(len(chosen))]
+        prompts = [ids for _, ids in chosen]
+        started = time.monotonic()
+        if backend is not None:
+            data = _engine_data(target, backend, recipe, prompts, groups, shard_seed)
+        else:
+            data = _transformers_data(target, recipe, prompts, groups, shard_seed)
+        sequences = Sequences(prompts, [s[len(p):] for s, p in zip(data.sequence_list(), prompts)],
+                              [task for task, _ in chosen], [TEMPERATURES[g] for g in groups])
+        settings = {"max_new_tokens": max_new_tokens, "max_prompt_tokens": recipe.max_prompt_tokens,
+                    "temperatures": list(TEMPERATURES), "seed": shard_seed,
+                    "sampled_on": backend.path if backend is not None else "transformers"}
+        sources = {"chat": f"training.topics.open_questions (seed {seed})",
+                   "tasks": f"training.data.training_prompts (seed {seed}): man pages, gettext catalogs, the "
+                            "standard library's source"}
+        name = write_shard(folder, sequences, identity, settings, sources)
+        data.save(_teacher_cache(folder, name, identity, aux_layers))
+        names.append(name)
+        answer_tokens = sum(len(a) for a in sequences.answers)
+        log(f"distillation data: {folder / name}: {len(prompts)} sequences, {answer_tokens} answer tokens in "
+            f"{time.monotonic() - started:.0f} s")
+        manifest = read_manifest(folder, identity)
+    return names
+
+
+TOPK = 32
+
+
+def _teacher_cache(folder: Path, name: str, identity: dict, aux_layers: tuple) -> Path:
+    entry = read_manifest(folder)["shards"]
+    digest = next(e["sha256"] for e in entry if e["name"] == name)
+    stem = identity["name"].replace("/", "_")
+    aux = "-aux" + "-".join(map(str, aux_layers)) if aux_layers else ""
+    return cache_dir() / "distill" / "shards" / f"{stem}-{identity['weights']}-{digest}{aux}.safetensors"
+
+
+def teacher_files(target, folder: str | Path, log=print, batch: int = 8, aux_layers: tuple = ()) -> list[Path]:
+    """For every shard in `folder`, a local file of its sequences with the teacher signal (final-norm
+    features, top-k, and the hidden states entering `aux_layers`), made by one teacher-forced pass where
+    this machine has none yet; read them together with DistillData.load. Empty when the folder holds no
+    shard."""
+    from tqdm import tqdm
+
+    from .data import _teacher
+
+    folder = Path(folder)
+    identity = target_identity(target)
+    manifest = read_manifest(folder, identity)
+    files, missing = [], []
+    for entry in manifest["shards"]:
+        path = _teacher_cache(folder, entry["name"], identity, tuple(aux_layers))
+        files.append(path)
+        if not path.is_file():
+            missing.append((entry, path))
+    if missing:
+        total = sum(e["sequences"] for e, _ in missing)
+        log(f"distillation data: teacher pass over {len(missing)} of {len(files)} shards ({total} sequences)")
+        width = target.model.get_output_embeddings().weight.shape[0]
+        with tqdm(total=total, desc="teacher pass", unit="seq", file=sys.stderr) as bar:
+            for entry, path in missing:
+                part = read_sequences(folder, [entry["name"]])
+                whole = [p + a for p, a in zip(part.prompts, part.answers)]
+                features, ids, probs, aux = _teacher(target.model, whole, TOPK, batch, bar.update, tuple(aux_layers))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                DistillData.of(part.prompts, part.answers, width, features, ids, probs, aux).save(path)
+    return files
+
+
+def task_sets(folder: str | Path) -> dict[str, set[int]]:
+    """The sequences of each task across the folder's shards (indices into their concatenation)."""
+    tasks = read_sequences(folder).tasks
+    return {t: {i for i, x in enumerate(tasks) if x == t} for t in TASKS if t in tasks}
+
+
+def summary(folder: str | Path) -> dict:
+    """Totals of the folder's data: shards, sequences, positions, answer tokens, bytes on disk."""
+    folder = Path(folder)
+    shards = read_manifest(folder)["shards"]
+    return {"shards": len(shards), "sequences": sum(e["sequences"] for e in shards),
+            "positions": sum(e["positions"] for e in shards),
+            "answer_tokens": sum(e["answer_tokens"] for e in shards),
+            "bytes": sum((folder / e["name"]).stat().st_size for e in shards if (folder / e["name"]).is_file())}
