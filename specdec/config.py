@@ -22,11 +22,11 @@ BUILTIN_TARGETS = ("smollm2-135m", "gemma3-270m")
 """The models that install from PyPI with specdec (specdec.models says where from)."""
 BACKENDS = ("auto", "lean", "transformers")
 """The forward passes a target can run on (specdec.backends.make_backend)."""
-DRAFTER_KINDS = ("auto", "prompt-lookup", "prompt-lookup-tree", "suffix", "ngram", "ngram-tree", "model", "self-q4",
-                 "trained", "trained-tree", "lookup-else-trained", "none")
+DRAFTER_KINDS = ("auto", "prompt-lookup", "prompt-lookup-tree", "suffix", "ngram", "ngram-tree", "model", "model-tli",
+                 "model-slem", "self-q4", "trained", "trained-tree", "lookup-else-trained", "none")
 DRAFTER_SYNTAX = ("auto, prompt-lookup, prompt-lookup-tree, suffix, ngram[:TABLE.npz], ngram-tree[:TABLE.npz], "
-                  "model:NAME_OR_DIR, self-q4, trained[:DIR], trained-tree[:DIR], lookup-else-trained[:DIR], none, "
-                  "or a trained drafter's directory")
+                  "model:NAME_OR_DIR, model-tli:NAME_OR_DIR, model-slem:NAME_OR_DIR, self-q4, trained[:DIR], "
+                  "trained-tree[:DIR], lookup-else-trained[:DIR], none, or a trained drafter's directory")
 """How a drafter is named everywhere (CLI, API, server, bench): KIND or KIND:ARGUMENT."""
 
 WEIGHTS = ("auto", "gguf", "gguf-int8", "float", "q8_0", "q4_0")

@@ -43,12 +43,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n 2: one core a worker, and
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
-    """target / draft (same tokenizer) / alien (another tokenizer) / short (64-token context)."""
+    """target / draft (same tokenizer) / alien (another tokenizer, the same characters) / disjoint (a tokenizer
+    sharing no token with the target's) / short (64-token context)."""
     root = tmp_path_factory.mktemp("models")
     return {
         "target": save_tiny_model(root / "target", seed=0, layers=2),
         "draft": save_tiny_model(root / "draft", seed=1, layers=1),
         "alien": save_tiny_model(root / "alien", chars=list(reversed(CHARS)), seed=2, layers=1),
+        "disjoint": save_tiny_model(root / "disjoint", chars=list("ABCDEFGHIJ0123456789"), seed=6, layers=1),
         "short": save_tiny_model(root / "short", seed=3, layers=1, max_positions=64),
         "chat": save_tiny_model(root / "chat", seed=4, layers=2, chat=True),
         "long": save_tiny_model(root / "long", seed=5, layers=2, max_positions=8192, chat=True),

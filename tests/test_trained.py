@@ -591,29 +591,29 @@ def test_packed_bf16_drafting_matches_unpacked():
 
 
 def test_a_draw_over_the_draft_vocabulary_picks_what_a_draw_over_q_would():
-    """_draw samples over the |S| draft probabilities, not q's full width: with the vocabulary
+    """VocabMap.draw samples over the |S| draft probabilities, not q's full width: with the vocabulary
     ascending, the same generator state gives the same token (and q is unchanged), and several
     draws at once (what the tree drafter's branches take) the same tokens. The negative control,
     the vocabulary out of order, changes tokens."""
-    from specdec.drafters.trained import _draw, _full_width
     from specdec.sampling import probs, sample, samples
+    from specdec.vocab_map import VocabMap
 
     width, sampling = 500, SamplingParams(temperature=0.8, top_p=0.95)
     vocab = torch.randperm(width, generator=torch.Generator().manual_seed(1))[:120].sort().values
     shuffled = vocab[torch.randperm(vocab.numel(), generator=torch.Generator().manual_seed(2))]
+    ordered, out_of_order = VocabMap(vocab, width), VocabMap(shuffled, width)
     logits = torch.randn(1, vocab.numel(), generator=torch.Generator().manual_seed(3)) * 2
     moved = 0
     for seed in range(300):
-        token, q = _draw(logits, vocab, width, sampling, torch.Generator().manual_seed(seed), position=0)
-        full = _full_width(probs(logits, sampling), vocab, width, 0.0)[0]
+        token, _, q = ordered.draw(logits, sampling, torch.Generator().manual_seed(seed), position=0)
+        full = ordered.full(probs(logits, sampling), 0.0)[0]
         assert torch.equal(q, full)
         assert token == sample(full, torch.Generator().manual_seed(seed))
         compact = probs(logits, sampling)[0]
         assert [int(vocab[i]) for i in samples(compact, torch.Generator().manual_seed(seed), 2)] == \
             samples(full, torch.Generator().manual_seed(seed), 2)
-        other, _ = _draw(logits, shuffled, width, sampling, torch.Generator().manual_seed(seed), position=0)
-        moved += other != sample(_full_width(probs(logits, sampling), shuffled, width, 0.0)[0],
-                                 torch.Generator().manual_seed(seed))
+        other, _, _ = out_of_order.draw(logits, sampling, torch.Generator().manual_seed(seed), position=0)
+        moved += other != sample(out_of_order.full(probs(logits, sampling), 0.0)[0], torch.Generator().manual_seed(seed))
     assert moved > 100
 
 

@@ -9,7 +9,9 @@ import torch
 from ..config import DRAFTER_KINDS, DRAFTER_SYNTAX, parse_drafter
 from ..errors import SpecdecError
 from ..gguf_file import is_gguf_path
+from ..vocab_map import VocabMap
 from .base import Drafter, Proposal
+from .cross_tokenizer import CrossTokenizerDrafter
 from .model import ModelDrafter
 from .ngram import NGramDrafter, NGramTable, NGramTreeDrafter
 from .prompt_lookup import AutoPromptLookup, PromptLookupDrafter, PromptLookupTreeDrafter
@@ -22,7 +24,7 @@ SHIPPED_DIR = Path(__file__).parent.parent / "data" / "drafters"
 __all__ = ["AutoPromptLookup", "Drafter", "Proposal", "ByTemperature", "LookupElseTrained", "ModelDrafter",
            "NGramDrafter", "NGramTable", "NGramTreeDrafter",
            "PromptLookupDrafter", "PromptLookupTreeDrafter", "SequenceHistory", "SuffixDrafter", "DRAFTER_KINDS",
-           "DRAFTER_SYNTAX", "TRAINED_ALSO_AT_T0", "build_drafter", "check_same_tokenizer", "parse_drafter",
+           "CrossTokenizerDrafter", "DRAFTER_SYNTAX", "TRAINED_ALSO_AT_T0", "build_drafter", "same_tokenizer", "parse_drafter",
            "drafts_on_blocks", "shipped_drafter", "target_weights"]
 
 
@@ -44,22 +46,39 @@ def shipped_drafter(target_name: str) -> Path | None:
     return path if is_trained_drafter(path) else None
 
 
-def check_same_tokenizer(target_tokenizer, draft_tokenizer, target_name: str, draft_name: str) -> None:
-    """The draft must mean the same string by every token id the target knows. Extra ids on either
-    side (padding, added specials past the shared range) are tolerated."""
+def same_tokenizer(target_tokenizer, draft_tokenizer) -> bool:
+    """Whether the draft means the same string by every token id the target knows. Extra ids on
+    either side (padding, added specials past the shared range) are tolerated."""
     target_vocab = {i: s for s, i in target_tokenizer.get_vocab().items()}
     draft_vocab = {i: s for s, i in draft_tokenizer.get_vocab().items()}
     shared = min(len(target_vocab), len(draft_vocab))
-    mismatched = [i for i in range(shared) if target_vocab.get(i) != draft_vocab.get(i)]
-    if mismatched:
-        i = mismatched[0]
-        raise SpecdecError(
-            f"the draft model {draft_name!r} uses another tokenizer than the target {target_name!r} "
-            f"({type(draft_tokenizer).__name__} with {len(draft_vocab)} tokens vs {type(target_tokenizer).__name__} "
-            f"with {len(target_vocab)}; {len(mismatched)} of the first {shared} ids differ, e.g. id {i}: "
-            f"{draft_vocab.get(i)!r} vs {target_vocab.get(i)!r}). Use a draft model from the target's family, "
-            "or a drafter that needs no model: prompt-lookup or ngram"
-        )
+    return all(target_vocab.get(i) == draft_vocab.get(i) for i in range(shared))
+
+
+def model_drafter(kind: str, draft: str, target, dtype, device: str, backend: str) -> Drafter:
+    """model:NAME drafting for `target`: a draft model with the target's tokenizer drafts in the
+    target's ids; one with another tokenizer (or any, for model-tli and model-slem) through the
+    two vocabularies' intersection (drafters/cross_tokenizer.py)."""
+    from ..backends import make_backend, target_backend
+    from ..models import load_model
+    from ..vocab_map import intersect
+
+    loaded = load_model(draft, dtype, device)
+    target_width = target.model.get_output_embeddings().weight.shape[0]
+    label = Path(draft).name or draft
+    # a .gguf draft model runs on its own blocks, int8 activations
+    draft_backend = target_backend(loaded, backend) if loaded.blocks_only else make_backend(loaded.model, backend)
+    if kind == "model" and same_tokenizer(target.tokenizer, loaded.tokenizer) and draft_backend.vocab_size >= target_width:
+        return ModelDrafter(draft_backend, target_width, label=label)
+    draft_width = min(draft_backend.vocab_size, len(loaded.tokenizer))
+    vocab = intersect(loaded.tokenizer, target.tokenizer, min(target_width, len(target.tokenizer)), draft_width)
+    if vocab.size == 0:
+        raise SpecdecError(f"the draft model {draft!r} shares no token with the target {target.name!r} (no token of "
+                           "one spells the same bytes as a token of the other): use a draft model of a related "
+                           "family, or a drafter that needs no model: prompt-lookup or suffix")
+    vocab = VocabMap(vocab.target, target_width, vocab.source)
+    way = {"model": "auto", "model-tli": "tli", "model-slem": "slem"}[kind]
+    return CrossTokenizerDrafter(draft_backend, loaded.tokenizer, target.tokenizer, vocab, label, way=way)
 
 
 def drafts_on_blocks(drafter_specs: list[str]) -> bool:
@@ -89,7 +108,7 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
     one shipped for the target). self-q4 drafts with the target's own GGUF blocks (int8 activations)
     for the target running on its dequantised float weights (`target_on_blocks` False)."""
     from ..backends import make_backend
-    from ..models import load_model, tokenizer_fingerprint
+    from ..models import tokenizer_fingerprint
 
     kind, draft = parse_drafter(spec)
     if kind == "none":
@@ -122,17 +141,10 @@ def build_drafter(spec: str, target, dtype="auto", device: str = "cpu", backend:
                 f"refit it with `specdec ngram fit --target {target.name}`"
             )
         return NGramTreeDrafter(table) if kind == "ngram-tree" else NGramDrafter(table)
-    if kind == "model":
+    if kind in ("model", "model-tli", "model-slem"):
         if not draft:
-            raise SpecdecError("the model drafter needs a draft model: model:NAME_OR_DIR")
-        loaded = load_model(draft, dtype, device)
-        check_same_tokenizer(target.tokenizer, loaded.tokenizer, target.name, draft)
-        target_width = target.model.get_output_embeddings().weight.shape[0]
-        if loaded.blocks_only:  # a .gguf draft model: on its own blocks, int8 activations
-            from ..backends import target_backend
-
-            return ModelDrafter(target_backend(loaded, backend), target_width, label=Path(draft).name or draft)
-        return ModelDrafter(make_backend(loaded.model, backend), target_width, label=Path(draft).name or draft)
+            raise SpecdecError(f"the {kind} drafter needs a draft model: {kind}:NAME_OR_DIR")
+        return model_drafter(kind, draft, target, dtype, device, backend)
     if kind == "self-q4":
         if target_on_blocks:
             raise SpecdecError("self-q4 drafts with the target's GGUF blocks for the target on its float weights; "

@@ -29,7 +29,8 @@ from ..backends import Backend
 from ..config import SamplingParams
 from ..errors import SpecdecError
 from ..modeling.tree import TreeLayout
-from ..sampling import argmax_rows, coupled_draw, draw, probs, sample, samples
+from ..sampling import coupled_draw, probs, samples
+from ..vocab_map import VocabMap
 from .base import Drafter, Proposal
 from .model import ModelDrafter
 from .nets import KINDS, DraftConfig, DraftNet
@@ -213,30 +214,6 @@ def load_net(directory: str | Path, target) -> DraftNet:
     return net
 
 
-def _full_width(values: torch.Tensor, vocab: torch.Tensor, width: int, fill: float) -> torch.Tensor:
-    """(n, |S|) values over the draft vocabulary -> (n, width), `fill` outside it."""
-    out = values.new_full((values.shape[0], width), fill)
-    out[:, vocab] = values
-    return out
-
-
-def _draw(logits: torch.Tensor, vocab: torch.Tensor, width: int, sampling: SamplingParams,
-          generator: torch.Generator, position: int) -> tuple[int, torch.Tensor | None]:
-    """One draft token for sequence index `position` from (1, |S|) logits: the argmax at
-    temperature 0, else a draw with its q (V,). The draw runs over the draft vocabulary's |S|
-    probabilities, not q's V: their cumulative sums are q's at its non-zero entries (q's zeros change
-    no partial sum), so with `vocab` ascending (as train-drafter writes it) the same uniform number
-    picks the same token as a draw from q would, in about a third of the time (float64 sums over 8192
-    ids instead of 49152)."""
-    if sampling.greedy:
-        return int(vocab[int(argmax_rows(logits)[0])]), None
-    compact = probs(logits, sampling)  # (1, |S|)
-    q = _full_width(compact, vocab, width, 0.0)[0]  # (V,)
-    if sampling.drafter_invariant:  # the position's noise is over the target's ids
-        return draw(q, sampling, generator, position), q
-    return int(vocab[sample(compact[0], generator)]), q
-
-
 class DraftLMBackend(Backend):
     """A trained draft LM behind the backend interface, so ModelDrafter drafts with it."""
 
@@ -245,6 +222,7 @@ class DraftLMBackend(Backend):
     def __init__(self, net: DraftNet, vocab_width: int):
         super().__init__()
         self.net, self.vocab_size, self.max_length = net, vocab_width, None
+        self.vocab = VocabMap(net.vocab, vocab_width)
         self.device = net.vocab.device
         self.cache = net.new_cache()
 
@@ -262,7 +240,7 @@ class DraftLMBackend(Backend):
     @torch.inference_mode()
     def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         logits = self.net.lm(ids.to(self.device)[None], self.cache, start)[0].float()  # (n, |S|)
-        return _full_width(logits, self.net.vocab, self.vocab_size, float("-inf"))
+        return self.vocab.full(logits, float("-inf"))
 
 
 class EagleDrafter(Drafter):
@@ -282,6 +260,7 @@ class EagleDrafter(Drafter):
 
     def bind(self, target: Backend) -> None:
         self.target = target
+        self.vocab = VocabMap(self.net.vocab, target.vocab_size)  # the head's rows -> the target's ids
 
     def fork(self) -> EagleDrafter:
         twin = super().fork()
@@ -316,8 +295,8 @@ class EagleDrafter(Drafter):
         """Draft from the caught-up state (see _catch_up): a chain of up to gamma tokens."""
         tokens, dists = [], []
         for i in range(gamma):
-            token, q = _draw(self.net.draft_logits(predicted[0]).float(), self.net.vocab, self.target.vocab_size,
-                             sampling, generator, position=context.numel() + i)
+            token, _, q = self.vocab.draw(self.net.draft_logits(predicted[0]).float(), sampling, generator,
+                                          position=context.numel() + i)
             tokens.append(token)
             if q is not None:
                 dists.append(q)
@@ -361,17 +340,17 @@ class EagleTreeDrafter(EagleDrafter):
         """A node's children as (target token id, draft probability), and the q they were drawn
         from (rejection sampling only; None for point masses)."""
         logits = self.net.draft_logits(feature[None]).float()  # (1, |S|)
-        vocab, width = self.net.vocab, self.target.vocab_size
+        vocab = self.net.vocab
         if sampling.greedy:
             top = torch.softmax(logits[0], -1).topk(min(self.branch, logits.shape[-1]))
             return [(int(vocab[i]), float(v)) for v, i in zip(top.values, top.indices)], None
         compact = probs(logits, sampling)  # (1, |S|)
-        q = _full_width(compact, vocab, width, 0.0)[0]  # (V,)
+        q = self.vocab.full(compact, 0.0)[0]  # (V,)
         if sampling.drafter_invariant:
             first = coupled_draw(q, sampling.seed, position)
             others = [int(t) for t in q.topk(self.branch + 1).indices if int(t) != first and q[t] > 0]
             return [(t, float(q[t])) for t in [first] + others[: self.branch - 1]], None
-        drawn = [int(vocab[i]) for i in samples(compact[0], generator, self.branch)]  # over |S|: see _draw
+        drawn = [int(vocab[i]) for i in samples(compact[0], generator, self.branch)]  # over |S|: see VocabMap
         return [(t, float(q[t])) for t in drawn], q
 
     def _draft(self, context: torch.Tensor, gamma: int, sampling: SamplingParams, generator: torch.Generator,
@@ -437,6 +416,7 @@ class MedusaDrafter(Drafter):
 
     def bind(self, target: Backend) -> None:
         self.target = target
+        self.vocab = VocabMap(self.net.vocab, target.vocab_size)  # the heads' rows -> the target's ids
 
     @torch.inference_mode()
     def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,
@@ -449,8 +429,7 @@ class MedusaDrafter(Drafter):
         logits = self.net.logits(self.net.medusa_features(feature)[:k, 0]).float()  # (k, |S|)
         tokens, dists = [], []
         for i in range(k):
-            token, q = _draw(logits[i : i + 1], self.net.vocab, self.target.vocab_size, sampling, generator,
-                             position=context.numel() + i)
+            token, _, q = self.vocab.draw(logits[i : i + 1], sampling, generator, position=context.numel() + i)
             tokens.append(token)
             if q is not None:
                 dists.append(q)
