@@ -184,7 +184,8 @@ class SpeculativeEngine:
 
     @staticmethod
     def new_stats(prompt: torch.Tensor, drafter: Drafter | None, target: Backend) -> GenerationStats:
-        stats = GenerationStats(drafter=drafter.name if drafter else "none", path=target.path)
+        stats = GenerationStats(drafter=drafter.name if drafter else "none", path=target.path,
+                                draft_vocab_share=drafter.vocab_share if drafter else None)
         stats.prompt_tokens = prompt.numel()
         return stats
 

@@ -18,6 +18,8 @@ class GenerationStats:
     drafter: str = "none"
     path: str = ""
     """Which backend implementation ran the target."""
+    draft_vocab_share: float | None = None
+    """The share of the target's vocabulary the drafter can propose (None: all of it)."""
     prompt_tokens: int = 0
     new_tokens: int = 0
     target_calls: int = 0
@@ -165,7 +167,8 @@ class GenerationStats:
         parts = [
             f"{self.new_tokens} tokens in {self.decode_seconds:.2f}s ({fmt(self.tokens_per_second, '.1f')} tok/s)",
             f"target calls {self.target_calls}" + (f" on {self.path}" if self.path else ""),
-            f"drafter {self.drafter}",
+            f"drafter {self.drafter}" + (f" (proposes {self.draft_vocab_share:.1%} of the target's vocabulary)"
+                                         if self.draft_vocab_share is not None else ""),
         ]
         if self.drafted:
             parts += [

@@ -15,6 +15,14 @@ residual; the two add up to p(x).
 A drafter that gives no distribution (n-gram table, prompt lookup) proposes a point mass: q is
 one-hot at x, so x is accepted with probability p(x) and the residual is p with x removed.
 
+A drafter that draws from a smaller vocabulary S (a trained drafter's head; a draft model with another
+tokenizer, restricted to the tokens both vocabularies spell alike: vocab_map.py) reports q over the
+target's ids with q = 0 outside S, renormalised over S so that q is the law its draft was drawn from.
+The argument above holds for any q: a target token y outside S is never a draft, and arrives through
+the residual alone, with mass max(0, p(y) - 0) = p(y). What must be true is only that q is what the
+draft was really drawn from (the renormalisation); an unrenormalised q over S breaks it
+(tests/test_cross_tokenizer.py).
+
 Temperature 0 has its own exact path, `verify_greedy`: accept while the draft equals the target's
 argmax, then emit the target's argmax.
 

@@ -14,7 +14,7 @@ LAYERS = [
     {"api", "batching"},
     {"engine"},
     {"drafters"},
-    {"rejection", "gamma", "metrics", "exactness"},
+    {"rejection", "gamma", "metrics", "exactness", "vocab_map"},
     {"sampling", "theory"},
     {"backends", "models"},
     {"gguf_file"},

@@ -199,10 +199,10 @@ def test_smollm2_drafts_for_gemma3_with_gemma3s_output():
     from specdec.api import SpecDec
 
     sd = SpecDec(target="gemma3-270m", drafter="model:smollm2-135m")
-    assert isinstance(sd.drafter, CrossTokenizerDrafter) and 0.1 < sd.drafter.intersection_share < 0.3
+    assert isinstance(sd.drafter, CrossTokenizerDrafter) and 0.1 < sd.drafter.vocab_share < 0.3
     for prompt in ("Translate this message from English to German:\n\nFile not found.",
                    "Write a Python function that returns the square of a number."):
         spec = sd.generate(prompt, max_new_tokens=32, gamma=3)
         plain = sd.generate(prompt, max_new_tokens=32, gamma=0)
         assert spec.token_ids == plain.token_ids, prompt
-        assert spec.stats.accepted > 0
+        assert spec.stats.accepted > 0 and spec.stats.draft_vocab_share == sd.drafter.vocab_share

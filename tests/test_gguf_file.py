@@ -5,6 +5,7 @@ file, greedy speculative = plain, bad and truncated files, the cached index, and
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -178,6 +179,24 @@ def test_the_padded_model_is_the_small_model_to_the_bit(tmp_path, files):
     assert big.token_ids == small.token_ids
     with pytest.raises(SpecdecError, match="4x"):
         write_padded(tmp_path / "bad.gguf", source=source, shape=Shape(hidden=512, layers=2, heads=4, kv_heads=2, ffn=512))
+
+
+def test_the_deepened_gemma3_is_gemma3_to_the_bit(tmp_path):
+    """The built-in Gemma-3-270M with two added zero layers and a wider MLP of zero columns gives its
+    greedy text exactly; another width is refused (Gemma's embedding scale depends on it)."""
+    from specdec.api import SpecDec
+    from specdec.models import BUILTIN_MODELS
+
+    source = Path(BUILTIN_MODELS["gemma3-270m"].locate_gguf())
+    deeper = Shape(hidden=640, layers=20, heads=4, kv_heads=1, ffn=2304, head_dim=256)
+    padded = write_padded(tmp_path / "deep.gguf", source=source, shape=deeper)
+    prompt = "The three primary colours are"
+    small = SpecDec(target=str(source), drafter="none").generate(prompt, max_new_tokens=16, chat=False)
+    big = SpecDec(target=str(padded), drafter="none").generate(prompt, max_new_tokens=16, chat=False)
+    assert big.token_ids == small.token_ids
+    with pytest.raises(SpecdecError, match="own width"):
+        write_padded(tmp_path / "bad.gguf", source=source, shape=Shape(hidden=1280, layers=20, heads=4, kv_heads=1,
+                                                                      ffn=2304, head_dim=256))
 
 
 def test_the_llama_server_peer_needs_its_binary_and_runs_on_the_file(files, monkeypatch, tmp_path):

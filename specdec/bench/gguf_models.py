@@ -9,8 +9,10 @@ No 1-8 B model is at hand offline, so the benchmark writes its own:
   the small model's to the bit: powers of two), more heads and a wider MLP whose added rows and columns are
   zero blocks, and zero layers (the residual passes through them unchanged). Its text, and so every
   acceptance rate, is the small model's, while each step reads as many bytes as a 1.7 B or 7 B model.
+- `write_deepened` (what `write_padded` does with a Gemma-3 file, the built-in Gemma-3-270M): its own width,
+  zero layers added and the MLP widened by zero columns, the same logits at a 1.7 B or 8.6 B model's cost.
 
-Both copy the tokenizer and chat template from the source file, so they load and chat as it does, in
+All copy the tokenizer and chat template from the source file, so they load and chat as it does, in
 specdec and in llama.cpp alike. Tensors are written one at a time (a 7 B file never sits in memory).
 """
 
@@ -145,7 +147,7 @@ def _copy_tokenizer(writer, reader, vocab: int | None = None) -> int:
 
 def _write(path: Path, arch: str, shape: Shape, eps: float, rope_base: float, context: int, reader, vocab: int | None,
            tensors: Callable[[int], Iterator[tuple[str, tuple[int, ...], str, Callable[[], np.ndarray]]]],
-           name: str) -> Path:
+           name: str, sliding_window: int | None = None) -> Path:
     """A GGUF file of `arch` with `shape`, the tokenizer copied from `reader`, and `tensors(vocabulary size)`: (name,
     shape outermost first, block type, make its bytes) each, written one at a time."""
     import gguf
@@ -166,6 +168,8 @@ def _write(path: Path, arch: str, shape: Shape, eps: float, rope_base: float, co
     writer.add_rope_dimension_count(shape.head_dim)
     writer.add_key_length(shape.head_dim)
     writer.add_value_length(shape.head_dim)
+    if sliding_window is not None:
+        writer.add_sliding_window(sliding_window)
     vocab_size = _copy_tokenizer(writer, reader, vocab)
     writer.add_vocab_size(vocab_size)
     listed = list(tensors(vocab_size))
@@ -241,8 +245,10 @@ def write_padded(path: Path, size: str = "1.7b", source: Path | None = None, sha
 
     reader = _reader(source or _smollm2_file())
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    if arch == "gemma3":
+        return write_deepened(path, size, reader, shape)
     if arch != "llama":
-        raise SpecdecError(f"write_padded embeds a llama GGUF model, not {arch!r}")
+        raise SpecdecError(f"write_padded embeds a llama or gemma3 GGUF model, not {arch!r}")
 
     def value(key: str):
         field = reader.fields[f"llama.{key}"]
@@ -322,6 +328,91 @@ def write_padded(path: Path, size: str = "1.7b", source: Path | None = None, sha
     context = int(value("context_length"))
     label = f"specdec padded smollm2-135m {size}"
     return _write(path, "llama", shape, eps, rope_base, context, reader, None, tensors, label)
+
+
+DEEPENED = {
+    # Gemma-3-270M (640 wide, 18 layers, MLP 2048, a 262 k vocabulary) inside:
+    "1.7b": Shape(hidden=640, layers=26, heads=4, kv_heads=1, ffn=29952, head_dim=256),  # 1.70 B parameters
+    "7b": Shape(hidden=640, layers=34, heads=4, kv_heads=1, ffn=128000, head_dim=256),  # 8.6 B parameters
+}
+"""size -> the shape write_deepened gives a Gemma-3 GGUF: its own width, more layers, a wider MLP."""
+
+
+def write_deepened(path: Path, size: str = "1.7b", reader=None, shape: Shape | None = None) -> Path:
+    """A Gemma-3 GGUF (the built-in Gemma-3-270M by default) with a wider MLP and more layers whose added
+    weights are zero: the same logits (a zero MLP column adds nothing; a zero layer's post-norms turn its
+    zero outputs into zeros, so the residual passes through), the cost of the bigger model. The width
+    stays: Gemma scales its embeddings by the square root of the width and ties them to the output."""
+    if reader is None:
+        from ..models import BUILTIN_MODELS
+
+        reader = _reader(Path(BUILTIN_MODELS["gemma3-270m"].locate_gguf()))
+
+    def value(key: str):
+        field = reader.fields[f"gemma3.{key}"]
+        return field.parts[field.data[0]][0]
+
+    small = Shape(hidden=int(value("embedding_length")), layers=int(value("block_count")),
+                  heads=int(value("attention.head_count")), kv_heads=int(value("attention.head_count_kv")),
+                  ffn=int(value("feed_forward_length")), head_dim=int(value("attention.key_length")))
+    if shape is None:
+        if size not in DEEPENED:
+            raise SpecdecError(f"unknown size {size!r}: use {', '.join(DEEPENED)}")
+        shape = DEEPENED[size]
+    if (shape.hidden, shape.heads, shape.kv_heads, shape.head_dim) != (small.hidden, small.heads, small.kv_heads,
+                                                                        small.head_dim):
+        raise SpecdecError(f"a Gemma-3 model is deepened at its own width and heads ({small}), not {shape}")
+    if shape.ffn < small.ffn or shape.layers < small.layers:
+        raise SpecdecError(f"cannot deepen a {small} model to {shape}: every size must be at least the source's")
+    entries = {t.name: t for t in reader.tensors}
+    import gguf
+
+    def source_bytes(name: str) -> tuple[str, np.ndarray]:
+        t = entries[name]
+        qtype = gguf.GGMLQuantizationType(t.tensor_type)
+        return qtype.name, np.asarray(t.data).view(np.uint8).reshape(int(t.shape[-1]) if t.shape.size > 1 else 1, -1)
+
+    def padded(name: str, rows: int, cols: int, real: bool) -> tuple[str, Callable[[], np.ndarray]]:
+        kind, data = source_bytes(name)
+        width, nbytes = gguf.GGML_QUANT_SIZES[quant_type(kind)]
+        if cols % width:
+            raise SpecdecError(f"{name}: {kind} rows of {cols} do not pad by whole blocks")
+
+        def make() -> np.ndarray:
+            out = np.zeros((rows, cols // width * nbytes), dtype=np.uint8)
+            if real:
+                out[: data.shape[0], : data.shape[1]] = data
+            return out
+        return kind, make
+
+    def vector(name: str, n: int, real: bool) -> Callable[[], np.ndarray]:
+        def make() -> np.ndarray:
+            out = np.zeros(n, dtype=np.float32)
+            if real:
+                out[:] = np.asarray(entries[name].data, dtype=np.float32)
+            return out.view(np.uint8)
+        return make
+
+    q, kv, d = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden
+
+    def tensors(vocab_size: int):
+        kind, make = padded("token_embd.weight", vocab_size, d, True)
+        yield "token_embd.weight", (vocab_size, d), kind, make
+        yield "output_norm.weight", (d,), "F32", vector("output_norm.weight", d, True)
+        for i in range(shape.layers):
+            real, b, like = i < small.layers, f"blk.{i}.", f"blk.{min(i, small.layers - 1)}."
+            for norm, n in (("attn_norm", d), ("attn_q_norm", shape.head_dim), ("attn_k_norm", shape.head_dim),
+                            ("post_attention_norm", d), ("ffn_norm", d), ("post_ffw_norm", d)):
+                yield f"{b}{norm}.weight", (n,), "F32", vector(f"{like}{norm}.weight", n, real)
+            for part, dims in {"attn_q": (q, d), "attn_k": (kv, d), "attn_v": (kv, d), "attn_output": (d, q),
+                               "ffn_gate": (shape.ffn, d), "ffn_up": (shape.ffn, d), "ffn_down": (d, shape.ffn)}.items():
+                kind, make = padded(f"{like}{part}.weight", *dims, real)
+                yield f"{b}{part}.weight", dims, kind, make
+
+    label = f"specdec deepened gemma3-270m {size}"
+    return _write(path, "gemma3", shape, float(value("attention.layer_norm_rms_epsilon")),
+                  float(value("rope.freq_base")), int(value("context_length")), reader, None, tensors, label,
+                  sliding_window=int(value("attention.sliding_window")))
 
 
 def _zeros(dims: tuple[int, int], kind: str) -> Callable[[], np.ndarray]:

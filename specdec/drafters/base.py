@@ -127,6 +127,13 @@ class Drafter(ABC):
     """Which: () the last layer's (after the final norm); else the hidden states entering these
     layers, concatenated (eagle3)."""
 
+    @property
+    def vocab_share(self) -> float | None:
+        """The share of the target's vocabulary this drafter can propose, where it draws from a
+        smaller one (a trained drafter's draft vocabulary, the intersection with another tokenizer's);
+        None: all of it."""
+        return None
+
     def bind(self, target) -> None:
         """The engine's target Backend; drafters that read its features (eagle, medusa) keep it."""
 

@@ -85,8 +85,8 @@ class CrossTokenizerDrafter(Drafter):
         self._greedy = False
 
     @property
-    def intersection_share(self) -> float:
-        """The share of the target's vocabulary that TLI can propose."""
+    def vocab_share(self) -> float:
+        """The intersection's share of the target's vocabulary: what TLI can propose."""
         return self.vocab.size / max(1, len(self.target_tokenizer))
 
     def fork(self) -> CrossTokenizerDrafter:

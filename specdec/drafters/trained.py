@@ -262,6 +262,10 @@ class EagleDrafter(Drafter):
         self.target = target
         self.vocab = VocabMap(self.net.vocab, target.vocab_size)  # the head's rows -> the target's ids
 
+    @property
+    def vocab_share(self) -> float | None:
+        return self.net.vocab.numel() / self.target.vocab_size if self.target is not None else None
+
     def fork(self) -> EagleDrafter:
         twin = super().fork()
         twin.cache = self.net.new_cache()
@@ -417,6 +421,10 @@ class MedusaDrafter(Drafter):
     def bind(self, target: Backend) -> None:
         self.target = target
         self.vocab = VocabMap(self.net.vocab, target.vocab_size)  # the heads' rows -> the target's ids
+
+    @property
+    def vocab_share(self) -> float | None:
+        return self.net.vocab.numel() / self.target.vocab_size if self.target is not None else None
 
     @torch.inference_mode()
     def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,
