@@ -20,7 +20,7 @@ import torch
 
 from specdec.backends.gguf import GGUFWeights
 from specdec.modeling.extension import Extension
-from specdec.models import _smollm2_gguf
+from specdec.models import BUILTIN_MODELS
 
 
 def build(path: str):
@@ -68,7 +68,7 @@ def main() -> None:
     if args.against:
         kernels["against"] = build(args.against)
     torch.set_num_threads(args.threads)
-    weights = GGUFWeights.read(_smollm2_gguf())
+    weights = GGUFWeights.read(Path(BUILTIN_MODELS["smollm2-135m"].locate_gguf()))
     if args.stream:
         stream(kernels, weights, [int(r) for r in args.rows.split(",")])
         return

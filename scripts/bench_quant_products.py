@@ -17,7 +17,7 @@ import torch
 
 from specdec.backends.gguf import GGUFWeights
 from specdec.modeling.extension import Extension
-from specdec.models import _smollm2_gguf
+from specdec.models import BUILTIN_MODELS
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
         modules[name] = extension.load()
         if modules[name] is None:
             raise SystemExit(f"{path}: {extension.reason}")
-    weights = GGUFWeights.read(_smollm2_gguf())
+    weights = GGUFWeights.read(Path(BUILTIN_MODELS["smollm2-135m"].locate_gguf()))
     layers = [weights.layer(i, part) for i in range(30) for part in ("q", "k", "v", "o", "gate", "up", "down")]
     head = weights.lm_head()
     packed = {name: {id(w): module.pack_int8(w.blocks, w.kind, w.in_features) for w in [*layers, head]}
