@@ -17,6 +17,9 @@ from ..config import WEIGHTS
 from ..errors import SpecdecError
 from .options import add_dtype, add_target, output_directory
 
+DEFAULT_LR = 2e-3
+"""The peak learning rate of a new drafter's training."""
+
 
 def run(args: argparse.Namespace) -> int:
 
@@ -58,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
                            + (" or pass --overwrite" if is_trained_drafter(out) else ""))
     if args.kind not in KINDS:
         raise SpecdecError(f"unknown --kind {args.kind!r}: use one of {', '.join(KINDS)}")
-    if args.minutes is not None and args.minutes <= 0 or args.steps is not None and args.steps <= 0 or args.lr <= 0:
+    if any(value is not None and value <= 0 for value in (args.minutes, args.steps, args.lr)):
         raise SpecdecError("--minutes, --steps and --lr must be positive")
     if args.vocab < 2 or args.prompts < 1 or args.max_new_tokens < 1 or args.chat_max_new_tokens < 1:
         raise SpecdecError("--vocab must be at least 2, --prompts and the --max-new-tokens options at least 1")
@@ -88,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
             raise SpecdecError(f"--init {args.init} is a {earlier.kind} drafter, not {args.kind}: use --kind {earlier.kind}")
         size = dict(layers=earlier.layers, ffn=earlier.ffn)
         args.layers, args.ffn, args.medusa_heads = None, None, earlier.medusa_heads
+        if args.lr is None:  # a trained drafter goes on at its own peak: twice it undoes what it learnt
+            args.lr = float(earlier.recipe.get("lr") or DEFAULT_LR)
+    if args.lr is None:
+        args.lr = DEFAULT_LR
     recipe = TrainRecipe(kind=args.kind, layers=args.layers or size["layers"], ffn=args.ffn or size["ffn"],
                          medusa_heads=args.medusa_heads, vocab_size=args.vocab, steps=args.steps,
                          minutes=args.minutes if args.minutes is not None else 30.0, batch=args.batch, seed=args.seed,
@@ -252,7 +259,9 @@ def register(sub) -> None:
     p.add_argument("--vocab", type=int, default=8192, help="draft vocabulary size (default: %(default)s)")
     p.add_argument("--minutes", type=float, default=None, help="training time (default: 30)")
     p.add_argument("--steps", type=int, default=None, help="train for this many steps instead of --minutes")
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (cosine schedule; default: %(default)s)")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"peak learning rate (cosine schedule; default: {DEFAULT_LR}, or the drafter's own with --resume "
+                        "or --init)")
     p.add_argument("--feature-loss", type=float, default=1.0,
                    help="eagle: weight of the feature regression beside the token loss; 0 trains on tokens "
                         "alone, as EAGLE-3 does (default: %(default)s)")
