@@ -54,6 +54,17 @@ def test_generate_with_draft_model_streams_text_and_summary(tiny_dirs):
     assert "tokens in" in proc.stderr and "drafter model:draft" in proc.stderr
 
 
+def test_generate_with_a_draft_model_of_another_tokenizer(tiny_dirs, capsys):
+    """model:DIR whose tokenizer numbers the same characters otherwise: it drafts through the vocabularies'
+    intersection, the output is plain decoding's, and the summary says how much it can propose."""
+    assert main(["generate", "the cat sat", "--target", str(tiny_dirs["target"]), "--drafter",
+                 f"model:{tiny_dirs['alien']}", "--no-chat", "--dtype", "float32", "--max-new-tokens", "12",
+                 "--gamma", "3", "--compare"]) == 0
+    err = capsys.readouterr().err
+    assert "drafter model:alien (proposes 96.8% of the target's vocabulary)" in err  # 30 of 31: not <eos>
+    assert "outputs identical: yes" in err
+
+
 @pytest.mark.parametrize("args,needles", [
     (["generate", ""], ["prompt is empty"]),
     (["generate", "   "], ["prompt is empty"]),
