@@ -13,14 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends import target_backend
-from .backends.gguf import load_dtype
-from .config import WEIGHTS, SamplingParams, SpecConfig
-from .drafters import build_drafter, drafts_on_blocks, target_weights
+from .config import SamplingParams, SpecConfig
 from .engine import Generation, SpeculativeEngine
-from .errors import SpecdecError
 from .metrics import GenerationStats
-from .models import load_model
+from .plan import make_plan
 from .text import TextStream
 
 
@@ -60,14 +56,10 @@ class SpecDec:
 
     def __init__(self, target: str = "smollm2-135m", drafter: str = "auto", dtype: str = "auto", device: str = "cpu",
                  backend: str = "auto", weights: str = "auto"):
-        if weights not in WEIGHTS:
-            raise SpecdecError(f"unknown weights {weights!r}: use {', '.join(WEIGHTS)}")
-        weights = target_weights(weights, [drafter], target)
-        self.target = load_model(target, load_dtype(dtype, weights, target, backend, device,
-                                                    blocks_drafter=drafts_on_blocks([drafter])), device)
-        target_pass = target_backend(self.target, backend, weights, dtype)
-        self.drafter = build_drafter(drafter, self.target, dtype, device, backend,
-                                     target_on_blocks=target_pass.gguf is not None)
+        self.plan = make_plan(target, [drafter], dtype, weights, backend, device)
+        self.target = self.plan.load()
+        target_pass = self.plan.target_pass(self.target)
+        self.drafter = self.plan.drafter(drafter, self.target, target_pass)
         self.engine = SpeculativeEngine(target_pass, self.drafter, self.target.eos_token_ids)
 
     @property

@@ -12,6 +12,7 @@ LAYERS = [
     {"cli"},
     {"server", "bench", "training", "conformance"},
     {"api", "batching"},
+    {"plan"},
     {"engine"},
     {"drafters"},
     {"rejection", "gamma", "metrics", "exactness", "vocab_map"},

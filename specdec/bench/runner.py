@@ -15,13 +15,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import theory
-from ..backends import target_backend
-from ..backends.gguf import load_dtype
 from ..config import SamplingParams, SpecConfig
-from ..drafters import build_drafter, drafts_on_blocks, parse_drafter, target_weights
+from ..drafters import parse_drafter
 from ..engine import SpeculativeEngine
 from ..errors import SpecdecError
-from ..models import load_model
+from ..plan import make_plan
 from ..prompts import TASKS, Prompt, load_prompts_file, task_prompts
 from .peers import LLAMA_SERVER_SPECS, LlamaCpp, LlamaServer, hf_generate, llama_cpp_available, llama_server_binary
 
@@ -90,9 +88,8 @@ def run_bench(config: BenchConfig, progress=None, log=None) -> list[dict]:
     """Run everything; returns rows (also the input of the table and plots). `log` takes notes for
     the user (default: stderr)."""
     log = log or (lambda message: print(f"specdec: {message}", file=sys.stderr))
-    weights = target_weights(config.weights, config.drafters, config.target)
-    target = load_model(config.target, load_dtype(config.dtype, weights, config.target, config.backend,
-                                                  blocks_drafter=drafts_on_blocks(config.drafters)))
+    plan = make_plan(config.target, config.drafters, config.dtype, config.weights, config.backend)
+    target = plan.load()
     prompts = collect_prompts(config)
     if not target.has_chat_template and any(p.follow_up for p in prompts):  # checked before minutes of runs
         prompts = [p for p in prompts if not p.follow_up]
@@ -100,14 +97,13 @@ def run_bench(config: BenchConfig, progress=None, log=None) -> list[dict]:
         if not prompts:
             raise SpecdecError(f"{why}: choose other --tasks")
         log(f"{why}: skipped")
-    backend = target_backend(target, config.backend, weights, config.dtype)
-    on_blocks = backend.gguf is not None
+    backend = plan.target_pass(target)
     eos = target.eos_token_ids
     plain_engine = SpeculativeEngine(backend, None, eos)
     engines = {}
     for spec in config.drafters:
         kind, arg = parse_drafter(spec)
-        drafter = build_drafter(spec, target, config.dtype, backend=config.backend, target_on_blocks=on_blocks)
+        drafter = plan.drafter(spec, target, backend)
         engines[spec] = (SpeculativeEngine(backend, drafter, eos), drafter, kind, arg)
     encode = target.encode
 

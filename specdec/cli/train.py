@@ -23,10 +23,9 @@ DEFAULT_LR = 2e-3
 
 def run(args: argparse.Namespace) -> int:
 
-    from ..backends.gguf import load_dtype
     from ..drafters.nets import KINDS
     from ..drafters.trained import is_trained_drafter, save_drafter
-    from ..models import load_model
+    from ..plan import make_plan
     from ..training.data import DataRecipe, DistillData, data_files, sequence_count
     from ..training.shards import summary as shard_summary
     from ..training.train import (
@@ -104,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     log = lambda message: print(f"specdec: {message}", file=sys.stderr)  # noqa: E731
     # the dtype generation loads (float32 where the GGUF blocks run): the engine sampler records the numbers of
     # the path the drafter will draft for, at the blocks' many-row speed
-    target = load_model(args.target, load_dtype(args.dtype, args.weights, args.target, device=args.device), args.device)
+    plan = make_plan(args.target, (), args.dtype, args.weights, device=args.device)
+    target = plan.load()
     if earlier is not None and earlier.kind == "eagle3":
         recipe.aux_layers = tuple(earlier.aux_layers)
     aux = aux_layers_for(recipe, target) if args.kind == "eagle3" else ()
@@ -116,9 +116,7 @@ def run(args: argparse.Namespace) -> int:
                                   sampler=args.sampler, samples=args.chat_samples))
     backend = None
     if args.sampler == "engine":  # the backend generation runs on (the GGUF blocks where they run)
-        from ..backends.lean import target_backend
-
-        backend = target_backend(target, weights=args.weights, dtype_choice=args.dtype)
+        backend = plan.target_pass(target)
         if backend.can_fork:
             log(f"sampling the target on {backend.path}")
         else:  # one sequence at a time would be far slower than transformers' batched sampler
