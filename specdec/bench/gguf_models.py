@@ -241,7 +241,6 @@ def write_random(path: Path, arch: str = "llama", size: str = "1.7b", kind: str 
 def write_padded(path: Path, size: str = "1.7b", source: Path | None = None, shape: Shape | None = None) -> Path:
     """The built-in SmolLM2-135M (or another Llama GGUF `source`) embedded with zero weights in a model of
     PADDED[size]'s shape (or `shape`): the same text as the source, the cost of the bigger model."""
-    import gguf
 
     reader = _reader(source or _smollm2_file())
     arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
@@ -251,8 +250,7 @@ def write_padded(path: Path, size: str = "1.7b", source: Path | None = None, sha
         raise SpecdecError(f"write_padded embeds a llama or gemma3 GGUF model, not {arch!r}")
 
     def value(key: str):
-        field = reader.fields[f"llama.{key}"]
-        return field.parts[field.data[0]][0]
+        return _field(reader, f"llama.{key}")
 
     small = Shape(hidden=int(value("embedding_length")), layers=int(value("block_count")),
                   heads=int(value("attention.head_count")), kv_heads=int(value("attention.head_count_kv")),
@@ -275,20 +273,7 @@ def write_padded(path: Path, size: str = "1.7b", source: Path | None = None, sha
     entries = {t.name: t for t in reader.tensors}
 
     def embedded(name: str, rows: int, cols: int) -> tuple[str, Callable[[], np.ndarray]]:
-        """The source matrix `name` in the top-left corner of a zero (rows, cols) matrix of its block type."""
-        t = entries[name]
-        qtype = gguf.GGMLQuantizationType(t.tensor_type)
-        width, nbytes = gguf.GGML_QUANT_SIZES[qtype]
-        small_rows, small_cols = int(t.shape[1]), int(t.shape[0])
-        if small_cols % width or cols % width:
-            raise SpecdecError(f"{name}: {qtype.name} rows of {small_cols} do not pad by whole blocks")
-
-        def make() -> np.ndarray:
-            out = np.zeros((rows, cols // width * nbytes), dtype=np.uint8)  # all-zero blocks: zero weights, every type
-            data = np.asarray(t.data).view(np.uint8).reshape(small_rows, -1)
-            out[:small_rows, : data.shape[1]] = data
-            return out
-        return qtype.name, make
+        return _embedded(entries[name], rows, cols)
 
     def norm(name: str | None, n: int) -> Callable[[], np.ndarray]:
         def make() -> np.ndarray:
@@ -349,8 +334,7 @@ def write_deepened(path: Path, size: str = "1.7b", reader=None, shape: Shape | N
         reader = _reader(Path(BUILTIN_MODELS["gemma3-270m"].locate_gguf()))
 
     def value(key: str):
-        field = reader.fields[f"gemma3.{key}"]
-        return field.parts[field.data[0]][0]
+        return _field(reader, f"gemma3.{key}")
 
     small = Shape(hidden=int(value("embedding_length")), layers=int(value("block_count")),
                   heads=int(value("attention.head_count")), kv_heads=int(value("attention.head_count_kv")),
@@ -365,25 +349,11 @@ def write_deepened(path: Path, size: str = "1.7b", reader=None, shape: Shape | N
     if shape.ffn < small.ffn or shape.layers < small.layers:
         raise SpecdecError(f"cannot deepen a {small} model to {shape}: every size must be at least the source's")
     entries = {t.name: t for t in reader.tensors}
-    import gguf
-
-    def source_bytes(name: str) -> tuple[str, np.ndarray]:
-        t = entries[name]
-        qtype = gguf.GGMLQuantizationType(t.tensor_type)
-        return qtype.name, np.asarray(t.data).view(np.uint8).reshape(int(t.shape[-1]) if t.shape.size > 1 else 1, -1)
 
     def padded(name: str, rows: int, cols: int, real: bool) -> tuple[str, Callable[[], np.ndarray]]:
-        kind, data = source_bytes(name)
-        width, nbytes = gguf.GGML_QUANT_SIZES[quant_type(kind)]
-        if cols % width:
-            raise SpecdecError(f"{name}: {kind} rows of {cols} do not pad by whole blocks")
-
-        def make() -> np.ndarray:
-            out = np.zeros((rows, cols // width * nbytes), dtype=np.uint8)
-            if real:
-                out[: data.shape[0], : data.shape[1]] = data
-            return out
-        return kind, make
+        """The source matrix embedded in (rows, cols), or, for an added layer, zero blocks of its type."""
+        kind, make = _embedded(entries[name], rows, cols)
+        return kind, make if real else _zeros((rows, cols), kind)
 
     def vector(name: str, n: int, real: bool) -> Callable[[], np.ndarray]:
         def make() -> np.ndarray:
@@ -413,6 +383,31 @@ def write_deepened(path: Path, size: str = "1.7b", reader=None, shape: Shape | N
     return _write(path, "gemma3", shape, float(value("attention.layer_norm_rms_epsilon")),
                   float(value("rope.freq_base")), int(value("context_length")), reader, None, tensors, label,
                   sliding_window=int(value("attention.sliding_window")))
+
+
+def _field(reader, key: str):
+    """A scalar metadata value of a source file."""
+    field = reader.fields[key]
+    return field.parts[field.data[0]][0]
+
+
+def _embedded(t, rows: int, cols: int) -> tuple[str, Callable[[], np.ndarray]]:
+    """The source matrix `t` (a GGUF reader tensor) in the top-left corner of a zero (rows, cols) matrix of its
+    block type: its block type's name and a function that makes the bytes."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType(t.tensor_type)
+    width, nbytes = gguf.GGML_QUANT_SIZES[qtype]
+    small_rows, small_cols = int(t.shape[1]), int(t.shape[0])
+    if small_cols % width or cols % width:
+        raise SpecdecError(f"{t.name}: {qtype.name} rows of {small_cols} do not pad by whole blocks")
+
+    def make() -> np.ndarray:
+        out = np.zeros((rows, cols // width * nbytes), dtype=np.uint8)  # all-zero blocks: zero weights, every type
+        data = np.asarray(t.data).view(np.uint8).reshape(small_rows, -1)
+        out[:small_rows, : data.shape[1]] = data
+        return out
+    return qtype.name, make
 
 
 def _zeros(dims: tuple[int, int], kind: str) -> Callable[[], np.ndarray]:
