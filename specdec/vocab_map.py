@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import torch
 
@@ -99,7 +100,16 @@ def _uses(tokenizer, component: str) -> bool:
     return backend is not None and component in str(backend.decoder)
 
 
-def token_bytes(tokenizer) -> tuple[list[bytes], list[bool]]:
+class Spelling(NamedTuple):
+    """A tokenizer's ids as text: token_bytes's answer, computed once per tokenizer and shared."""
+
+    pieces: list[bytes]
+    """Each id's bytes."""
+    control: list[bool]
+    """Whether each id is a control token (it stands for no text)."""
+
+
+def token_bytes(tokenizer) -> Spelling:
     """Every id's text as bytes, and whether the id is a control token (a special token: it stands
     for a role, a turn, the end of text, not for the characters of its name). Byte-level BPE
     (GPT-2, Llama 3, Qwen, SmolLM) maps its alphabet back to bytes; SentencePiece (Gemma, Llama 2,
@@ -124,24 +134,23 @@ def token_bytes(tokenizer) -> tuple[list[bytes], list[bool]]:
             out.append(piece.replace("▁", " ").encode())
         else:
             out.append(tokenizer.convert_tokens_to_string([piece]).encode())
-    return out, [i in special for i in range(size)]
+    return Spelling(out, [i in special for i in range(size)])
 
 
-def intersect(draft_tokenizer, target_tokenizer, target_width: int, draft_width: int) -> VocabMap:
+def intersect(draft: Spelling, target: Spelling, target_width: int, draft_width: int) -> VocabMap:
     """The draft tokens whose bytes are also one of the target's tokens (control tokens and empty
-    ones excluded), as a VocabMap from the draft model's logit columns to the target's ids. Where
-    several ids on one side spell the same bytes, the lowest id is the one mapped."""
-    target_bytes, target_control = token_bytes(target_tokenizer)
+    ones excluded; ids below each side's logit width), as a VocabMap from the draft model's logit
+    columns to the target's ids, verified at `target_width`. Where several ids on one side spell
+    the same bytes, the lowest id is the one mapped."""
     by_bytes: dict[bytes, int] = {}
-    for i, b in enumerate(target_bytes[:target_width]):
-        if b and not target_control[i]:
+    for i, b in enumerate(target.pieces[:target_width]):
+        if b and not target.control[i]:
             by_bytes.setdefault(b, i)
-    draft_bytes, draft_control = token_bytes(draft_tokenizer)
     pairs: dict[int, int] = {}  # target id -> draft id
-    for i, b in enumerate(draft_bytes[:draft_width]):
+    for i, b in enumerate(draft.pieces[:draft_width]):
         t = by_bytes.get(b)
-        if b and not draft_control[i] and t is not None:
+        if b and not draft.control[i] and t is not None:
             pairs.setdefault(t, i)
-    target = torch.tensor(sorted(pairs), dtype=torch.long)
-    source = torch.tensor([pairs[int(t)] for t in target], dtype=torch.long)
-    return VocabMap(target=target, width=target_width, source=source)
+    ids = torch.tensor(sorted(pairs), dtype=torch.long)
+    source = torch.tensor([pairs[int(t)] for t in ids], dtype=torch.long)
+    return VocabMap(target=ids, width=target_width, source=source)

@@ -99,7 +99,7 @@ def test_a_vocabulary_map_draws_like_a_draw_over_q():
 
 def test_intersection_of_character_tokenizers():
     target, draft = char_tokenizer(TARGET_CHARS), char_tokenizer(DRAFT_CHARS)
-    vocab = intersect(draft, target, len(target), len(draft))
+    vocab = intersect(token_bytes(draft), token_bytes(target), len(target), len(draft))
     pairs = {target.convert_ids_to_tokens(int(t)): draft.convert_ids_to_tokens(int(s))
              for t, s in zip(vocab.target, vocab.source)}
     assert pairs == {"c": "c", "d": "d", "e": "e", " ": " "}  # <eos> is a control token on both sides
@@ -123,7 +123,7 @@ def test_token_bytes_spell_the_text_for_byte_level_and_sentencepiece(builtin_tok
         assert b"".join(spelled[i] for i in ids) == text.encode(), name
         assert control[tokenizer.eos_token_id], name
     smol, gemma = builtin_tokenizers["smollm2-135m"], builtin_tokenizers["gemma3-270m"]
-    vocab = intersect(smol, gemma, len(gemma), len(smol))
+    vocab = intersect(token_bytes(smol), token_bytes(gemma), len(gemma), len(smol))
     assert 0.9 * len(smol) < vocab.size < len(smol)  # nearly all of SmolLM2's tokens are Gemma tokens too
     g_bytes, _ = token_bytes(gemma)
     s_bytes, _ = token_bytes(smol)
@@ -142,7 +142,7 @@ def tiny_pair():
 
 def cross_drafter(tiny_pair, way: str = "auto") -> CrossTokenizerDrafter:
     target, target_tok, draft, draft_tok = tiny_pair
-    vocab = intersect(draft_tok, target_tok, len(target_tok), len(draft_tok))
+    vocab = intersect(token_bytes(draft_tok), token_bytes(target_tok), len(target_tok), len(draft_tok))
     return CrossTokenizerDrafter(TransformersBackend(draft), draft_tok, target_tok, vocab, "tiny", way=way)
 
 

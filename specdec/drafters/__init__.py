@@ -9,7 +9,6 @@ import torch
 from ..config import DRAFTER_KINDS, DRAFTER_SYNTAX, parse_drafter
 from ..errors import SpecdecError
 from ..gguf_file import is_gguf_path
-from ..vocab_map import VocabMap
 from .base import Drafter, Proposal
 from .cross_tokenizer import CrossTokenizerDrafter
 from .model import ModelDrafter
@@ -61,7 +60,7 @@ def model_drafter(kind: str, draft: str, target, dtype, device: str, backend: st
     two vocabularies' intersection (drafters/cross_tokenizer.py)."""
     from ..backends import make_backend, target_backend
     from ..models import load_model
-    from ..vocab_map import intersect
+    from ..vocab_map import intersect, token_bytes
 
     loaded = load_model(draft, dtype, device)
     target_width = target.model.get_output_embeddings().weight.shape[0]
@@ -70,15 +69,15 @@ def model_drafter(kind: str, draft: str, target, dtype, device: str, backend: st
     draft_backend = target_backend(loaded, backend) if loaded.blocks_only else make_backend(loaded.model, backend)
     if kind == "model" and same_tokenizer(target.tokenizer, loaded.tokenizer) and draft_backend.vocab_size >= target_width:
         return ModelDrafter(draft_backend, target_width, label=label)
-    draft_width = min(draft_backend.vocab_size, len(loaded.tokenizer))
-    vocab = intersect(loaded.tokenizer, target.tokenizer, min(target_width, len(target.tokenizer)), draft_width)
+    spellings = token_bytes(loaded.tokenizer), token_bytes(target.tokenizer)
+    vocab = intersect(*spellings, target_width, draft_backend.vocab_size)
     if vocab.size == 0:
         raise SpecdecError(f"the draft model {draft!r} shares no token with the target {target.name!r} (no token of "
                            "one spells the same bytes as a token of the other): use a draft model of a related "
                            "family, or a drafter that needs no model: prompt-lookup or suffix")
-    vocab = VocabMap(vocab.target, target_width, vocab.source)
     way = {"model": "auto", "model-tli": "tli", "model-slem": "slem"}[kind]
-    return CrossTokenizerDrafter(draft_backend, loaded.tokenizer, target.tokenizer, vocab, label, way=way)
+    return CrossTokenizerDrafter(draft_backend, loaded.tokenizer, target.tokenizer, vocab, label, way=way,
+                                 spellings=spellings)
 
 
 def drafts_on_blocks(drafter_specs: list[str]) -> bool:

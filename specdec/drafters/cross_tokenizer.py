@@ -28,7 +28,7 @@ import torch
 from ..backends import Backend
 from ..config import SamplingParams
 from ..sampling import argmax_rows
-from ..vocab_map import VocabMap, token_bytes
+from ..vocab_map import Spelling, VocabMap, token_bytes
 from .base import Drafter, Proposal
 
 WAYS = ("auto", "tli", "slem")
@@ -68,17 +68,18 @@ class CrossTokenizerDrafter(Drafter):
     cost_prior = 0.1
 
     def __init__(self, backend: Backend, draft_tokenizer, target_tokenizer, vocab: VocabMap, label: str,
-                 way: str = "auto", target_vocab_size: int | None = None):
+                 way: str = "auto", spellings: tuple[Spelling, Spelling] | None = None):
+        """`spellings`: token_bytes of the draft and the target tokenizer, where the caller has them
+        (building `vocab` needed them)."""
         if way not in WAYS:
             raise ValueError(f"way must be one of {WAYS}, got {way!r}")
         self.backend, self.draft_tokenizer, self.target_tokenizer = backend, draft_tokenizer, target_tokenizer
         self.vocab, self.way = vocab, way
         self.name = f"model:{label}" if way == "auto" else f"model-{way}:{label}"
-        target_bytes, _ = token_bytes(target_tokenizer)
-        self.draft_bytes, draft_control = token_bytes(draft_tokenizer)
-        self.draft_stops = {i for i, control in enumerate(draft_control) if control}
-        self.context_text = ContextText(target_bytes)
-        self.target_vocab_size = target_vocab_size or vocab.width
+        draft, target = spellings or (token_bytes(draft_tokenizer), token_bytes(target_tokenizer))
+        self.draft_bytes = draft.pieces
+        self.draft_stops = {i for i, control in enumerate(draft.control) if control}
+        self.context_text = ContextText(target.pieces)
         self.record = {"tli": [0, 0, 0], "slem": [0, 0, 0]}
         """Per way at temperature 0: [rounds, draft-model passes, accepted target tokens]; shared by forks."""
         self._round: tuple[str, int, int] | None = None  # (way, context length, passes) of the round in flight
@@ -163,7 +164,7 @@ class CrossTokenizerDrafter(Drafter):
         text = drafted.decode("utf-8", errors="ignore")
         ids = self.target_tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
         unknown = self.target_tokenizer.unk_token_id  # text the target cannot spell ends the proposal
-        cut = next((n for n, i in enumerate(ids) if i == unknown or i >= self.target_vocab_size), len(ids))
+        cut = next((n for n, i in enumerate(ids) if i == unknown or i >= self.vocab.width), len(ids))
         ids = ids[: min(cut, gamma)]
         return Proposal(tokens=torch.tensor(ids, dtype=torch.long)), passes
 
