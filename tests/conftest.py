@@ -63,3 +63,39 @@ def builtin_model():
     from specdec.models import load_model
 
     return load_model("smollm2-135m", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def trained(tiny_dirs, tmp_path_factory):
+    """Each kind trained for a few steps on the tiny chat target's self-distillation data."""
+    import os
+
+    from specdec.drafters.checkpoint import save_drafter
+    from specdec.drafters.nets import KINDS
+    from specdec.models import load_model
+    from specdec.training.data import DataRecipe, build_data
+    from specdec.training.train import TrainRecipe, train
+
+    root = tmp_path_factory.mktemp("trained")
+    before = os.environ.get("SPECDEC_CACHE")
+    os.environ["SPECDEC_CACHE"] = str(root / "cache")
+    try:
+        target = load_model(str(tiny_dirs["chat"]), "float32")
+        data = build_data(target, DataRecipe(prompts=24, max_new_tokens=16, max_prompt_tokens=24, batch=8, topk=8),
+                          log=lambda _: None)
+        # eagle3's data: the same answers, and the hidden states entering layers 0 and 1 (a teacher pass only)
+        with_aux = build_data(target, DataRecipe(prompts=24, max_new_tokens=16, max_prompt_tokens=24, batch=8, topk=8,
+                                                 aux_layers=(0, 1)), log=lambda _: None)
+        out = {}
+        for kind in KINDS:
+            net = train(target, with_aux if kind == "eagle3" else data,
+                        TrainRecipe(kind=kind, layers=1, ffn=64, vocab_size=24, steps=40, batch=8, window=32, lr=3e-3,
+                                    eval_every=20, aux_layers=(0, 1)), log=lambda _: None, progress=False)
+            out[kind] = (net, save_drafter(net, root / kind))
+        out["data-with-aux"] = with_aux
+    finally:
+        if before is None:
+            del os.environ["SPECDEC_CACHE"]
+        else:
+            os.environ["SPECDEC_CACHE"] = before
+    return target, data, out

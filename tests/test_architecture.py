@@ -98,3 +98,72 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path):
     assert len(wrong) == 2, wrong
     assert any("engine.py" in w and "specdec.server" in w for w in wrong)
     assert any("runner.py" in w and "specdec.server.worker" in w for w in wrong)
+
+
+def module_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, lazy imports inside functions included (a package
+    is its __init__)."""
+    def name(path: Path) -> str:
+        parts = path.relative_to(root).with_suffix("").parts
+        return ".".join(("specdec",) + (parts[:-1] if parts[-1] == "__init__" else parts))
+
+    paths = sorted(root.rglob("*.py"))
+    nodes = {name(path) for path in paths}
+    graph = {}
+    for path in paths:
+        edges = set()
+        for module, _ in imports(path, root):
+            while module and module not in nodes:  # `from . import name` may name a package's attribute
+                module = module.rpartition(".")[0]
+            if module and module != name(path):
+                edges.add(module)
+        graph[name(path)] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles: each strongly connected set of two or more modules (Tarjan), sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_no_import_cycle():
+    """No two modules import each other, directly or around a ring, not even inside a function."""
+    found = cycles(module_graph())
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_cycle_check_catches_a_lazy_cycle(tmp_path):
+    """The negative control: a copy where rejection imports the engine inside a function."""
+    import shutil
+
+    copy = tmp_path / "specdec"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("data", "*.cpp", "__pycache__"))
+    with open(copy / "rejection.py", "a") as f:
+        f.write("\n\ndef _peek():\n    from .engine import SpeculativeEngine\n    return SpeculativeEngine\n")
+    assert ["specdec.engine", "specdec.rejection"] in cycles(module_graph(copy))

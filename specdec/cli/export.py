@@ -21,7 +21,7 @@ from .options import output_directory
 
 def run(args: argparse.Namespace) -> int:
     from ..drafters import eagle3_format
-    from ..drafters.trained import is_trained_drafter
+    from ..drafters.checkpoint import is_trained_drafter
     from ..models import BUILTIN_MODELS
 
     if not is_trained_drafter(args.drafter):

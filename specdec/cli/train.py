@@ -23,8 +23,8 @@ DEFAULT_LR = 2e-3
 
 def run(args: argparse.Namespace) -> int:
 
+    from ..drafters.checkpoint import is_trained_drafter, save_drafter
     from ..drafters.nets import KINDS
-    from ..drafters.trained import is_trained_drafter, save_drafter
     from ..plan import make_plan
     from ..training.data import DataRecipe, DistillData, data_files, sequence_count
     from ..training.shards import summary as shard_summary
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     size = SIZES[args.size] if args.kind == "draft-lm" else dict(layers=1, ffn=1536)
     earlier = None
     if args.init:  # checked before the target loads; its weights are read (and checked against it) below
-        from ..drafters.trained import read_config
+        from ..drafters.checkpoint import read_config
 
         if not is_trained_drafter(args.init):
             raise SpecdecError(f"--init {args.init} holds no trained drafter: give a directory written by train-drafter")

@@ -10,13 +10,14 @@ from ..config import DRAFTER_KINDS, DRAFTER_SYNTAX, parse_drafter
 from ..errors import SpecdecError
 from ..gguf_file import is_gguf_path
 from .base import Drafter, Proposal
+from .checkpoint import is_trained_drafter
 from .cross_tokenizer import CrossTokenizerDrafter
 from .model import ModelDrafter
 from .ngram import NGramDrafter, NGramTable, NGramTreeDrafter
 from .prompt_lookup import AutoPromptLookup, PromptLookupDrafter, PromptLookupTreeDrafter
 from .routed import ByTemperature, LookupElseTrained
 from .suffix import SequenceHistory, SuffixDrafter
-from .trained import is_drafter_directory, is_trained_drafter, load_trained_drafter
+from .trained import is_drafter_directory, load_trained_drafter
 
 SHIPPED_DIR = Path(__file__).parent.parent / "data" / "drafters"
 

@@ -48,6 +48,8 @@ from pathlib import Path
 import torch
 
 from ..errors import SpecdecError
+from .checkpoint import WEIGHTS_FILE as SAVED
+from .checkpoint import check_vocab, load_state, read_config
 from .nets import DraftConfig, DraftNet
 
 FORMATS = ("eagle3", "speculators")
@@ -176,8 +178,6 @@ def read_saved(directory: str | Path) -> DraftNet:
     only what is saved: its head is its own; the embedding stays empty)."""
     from safetensors.torch import load_file
 
-    from .trained import WEIGHTS_FILE as SAVED
-    from .trained import check_vocab, load_state, read_config
 
     config = read_config(directory)
     if config.kind != "eagle3":
@@ -262,7 +262,6 @@ def read(directory: str | Path, target) -> DraftNet:
         vocab = torch.arange(width)
     else:
         raise refuse(f"its draft vocabulary has {draft_size} ids but no d2t map to the target's")
-    from .trained import check_vocab
 
     vocab = check_vocab(vocab, width, directory)
     head = tensors.get("lm_head.weight")

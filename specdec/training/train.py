@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from ..drafters.checkpoint import build_net
 from ..drafters.eagle3_format import default_aux_layers
 from ..drafters.nets import DraftConfig, DraftNet, head_dim_for
-from ..drafters.trained import build_net
 from ..errors import SpecdecError
 from ..models import auto_dtype, target_identity
 from .data import DistillData
