@@ -50,7 +50,7 @@ def step_times(backend, context: torch.Tensor, positions: int, repeats: int) -> 
     backend.reset()
     backend.prefill(context)
     times = []
-    draft = torch.randint(0, 1000, (positions,), generator=torch.Generator().manual_seed(positions))
+    draft = torch.randint(0, min(1000, backend.vocab_size), (positions,), generator=torch.Generator().manual_seed(positions))
     for _ in range(repeats):
         t = time.perf_counter()
         backend.forward(draft)

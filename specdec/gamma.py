@@ -20,7 +20,7 @@ generation's rounds and, carried over by the engine, earlier generations' with t
 sampling settings (`RoundHistory`; so are the draft cost c and the target's cost of positions, weighted
 as 8 rounds at most, while one plain step a generation re-measures one position). The recent estimate
 alone is noisy: at the drafter's ~0.4 at T = 1 it dipped to 0.1-0.3 in stretches, auto stopped drafting
-and only sparse probes brought it back (a fixed gamma = 1 ran 3-5 % faster, docs/results.md). A real
+and only sparse probes brought it back (a fixed gamma = 1 ran 3-5 % faster, docs/benchmarks.md's log). A real
 change (a quote's copy ending) still moves alpha within a few rounds.
 
 Example: alpha ~ 0.8, c ~ 0 and flat verification cost give gamma = gamma_max; alpha ~ 0.2 with
@@ -181,7 +181,7 @@ class GammaPolicy:
         next round), each route with its own acceptance, draft cost and probing. A router whose ways
         are accepted very differently (prompt lookup's matches ~0.9 a token, a trained drafter's
         guesses ~0.45) otherwise sized every round by their mixed average: on man-page summaries the
-        lookup rounds got gamma ~4 under the router against ~10 alone (docs/results.md). A route not seen
+        lookup rounds got gamma ~4 under the router against ~10 alone (docs/benchmarks.md's log). A route not seen
         yet starts from the priors, c from `prior_c` (that way's own guess; the policy's if None)."""
         if route == self.route:
             return

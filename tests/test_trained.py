@@ -442,7 +442,7 @@ def test_each_builtin_target_ships_a_small_drafter_made_for_it():
     """Every built-in target has a trained drafter in the package (issue 15: both, each <= 16 MB), whose
     config names that target, records its recipe and training curve, and whose draft vocabulary is
     distinct ids of the target's vocabulary. (test_builtin loads smollm2's against its model; loading
-    Gemma-3 here would cost a minute, so its drafter's parity and law are `specdec verify`'s, in docs/results.)"""
+    Gemma-3 here would cost a minute, so its drafter's parity and law are `specdec verify`'s.)"""
     from safetensors import safe_open
 
     from specdec.config import BUILTIN_TARGETS

@@ -173,7 +173,7 @@ def load_dtype(dtype: str, weights: str, target: str, backend: str = "auto", dev
     (`--weights gguf` or `gguf-int8`, or a drafter that drafts on them: `blocks_drafter`, self-q4), and,
     under `--weights auto`, where quant.cpp's packed int8 kernels run (AVX2 and F16C): its blocks with int8
     activations then run plain decoding ~2x faster than bf16 on kernels.cpp (AVX-512 BF16, AMX tiles
-    included: docs/results.md), and on AVX2-only CPUs float32 is what `auto` loads anyway. Any target loads in
+    included: docs/benchmarks.md's log), and on AVX2-only CPUs float32 is what `auto` loads anyway. Any target loads in
     float32 under `--dtype auto` where its own weights are quantised to blocks (`--weights q8_0`, `q4_0`, or
     self-q4 for a target without a GGUF file)."""
     if dtype == "auto" and (weights in QUANTISED_WEIGHTS or blocks_drafter) and backend != "transformers" \

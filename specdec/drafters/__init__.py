@@ -32,7 +32,7 @@ TRAINED_ALSO_AT_T0 = frozenset({"gemma3-270m", "smollm2-135m"})
 """Built-in targets for which `auto` at T = 0 is lookup-else-trained (prompt lookup where its matches
 have been accepted as often as the shipped drafter's guesses, the drafter elsewhere) instead of prompt
 lookup alone, because it measured better or level: on Gemma-3-270M (held-out α 0.65) 2.43-2.75x against
-2.36-2.40x on chat, 1.48-1.60x against 1.43-1.49x on code, over two runs of 5 prompts (docs/results.md);
+2.36-2.40x on chat, 1.48-1.60x against 1.43-1.49x on code, over two runs of 5 prompts (docs/benchmarks.md's log);
 on SmolLM2-135M (its earlier drafter, α 0.45; Zen 3, AVX2, two runs of 5 prompts) translation 1.69-1.73x against 1.13-1.18x,
 open chat 1.03-1.13x against 0.93-1.06x, summaries and code editing level, code 1.45-1.49x against
 1.53-1.57x, and its slowest prompt no slower than plain (prompt lookup alone's: 0.75-0.93x)."""

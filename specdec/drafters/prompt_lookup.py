@@ -129,7 +129,7 @@ class AutoPromptLookup(PromptLookupTreeDrafter):
     path (every pass runs on ATen or oneDNN, where a tree of 12 nodes costs about what a chain of 4
     does); the most recent match as a chain where chains of up to 16 positions run on kernels.cpp's
     dot products, whose cost grows with every row. Measured on an AMD EPYC in float32
-    (docs/results.md): the tree gives 2.0-3.2x plain on code, code editing and summaries against
+    (docs/benchmarks.md's log): the tree gives 2.0-3.2x plain on code, code editing and summaries against
     the chain's 1.3-1.7x."""
 
     def __init__(self):

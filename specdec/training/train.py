@@ -73,7 +73,7 @@ class TrainRecipe:
     bf16: bool | None = None
     """Matrix products in bfloat16 under autocast (weights, optimiser and losses stay float32;
     attention runs in float32): None chooses it where the CPU has fast bf16 matmuls (AVX-512 BF16 or
-    AMX), where a step measured 1.7x faster (docs/results.md)."""
+    AMX), where a step measured 1.7x faster (docs/benchmarks.md's log)."""
 
 
 def draft_vocabulary(data: DistillData, size: int, always: set[int]) -> torch.Tensor:
