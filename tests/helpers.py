@@ -204,3 +204,30 @@ class TableLM(Backend):
 
     def _rollback(self, length: int) -> None:
         pass
+
+
+SUPER = {12: (144, (0, 2)), 14: (210, (208,))}  # K-quants: bytes a 256-weight block, offsets of its f16 scales
+
+
+def blocks_of(weight: torch.Tensor, kind: int):
+    """A float matrix quantised by gguf-py's reference quantiser (what llama.cpp's converter writes).
+    gguf-py cannot quantise K-quants: those get random codes and scales of the same matrix size."""
+    from specdec.modeling import quant
+
+    rows, columns = weight.shape
+    if kind in SUPER:
+        size, halves = SUPER[kind]
+        g = torch.Generator().manual_seed(rows * 1000 + columns)
+        raw = torch.randint(0, 256, (rows, columns // 256, size), dtype=torch.uint8, generator=g)
+        for offset in halves:  # scales of 0.001-0.03, so weights stay O(1)
+            scale = (torch.rand(rows, columns // 256, generator=g) * 0.03 + 0.001).half()
+            raw[:, :, offset : offset + 2] = scale.view(torch.uint8).view(rows, columns // 256, 2)
+        return quant.QuantWeight(raw.view(rows, -1).contiguous(), kind, columns)
+    return quant.quantize(weight, next(name for name, code in quant.KINDS.items() if code == kind))
+
+
+def int8_path() -> str:
+    """The stats' path of a target on blocks with int8 activations on this CPU."""
+    from specdec.modeling import quant
+
+    return "lean+gguf-int8" + ("+" + quant.packed_isa() if quant.packed_int8() else "")
