@@ -35,10 +35,12 @@ def cpu_flags() -> set[str]:
 
 
 class Extension:
-    """One C++ source, built on first load(). `needs` names the CPU in the reasons it gives."""
+    """A C++ source (and the sources it is linked with), built on first load(). `needs` names the CPU in the
+    reasons it gives."""
 
-    def __init__(self, source: Path, needs: str, off_variable: str, fallback: str):
+    def __init__(self, source: Path, needs: str, off_variable: str, fallback: str, others: tuple[Path, ...] = ()):
         self.source = source
+        self.sources = (source, *others)
         self.needs = needs
         self.off_variable = off_variable
         self.fallback = fallback
@@ -48,10 +50,10 @@ class Extension:
 
     def _key(self) -> str:
         digest = hashlib.sha256()
-        headers = [path.read_bytes() for path in sorted(self.source.parent.glob("*.h"))]  # what sources include
+        headers = [path.read_bytes() for path in sorted(self.source.parent.rglob("*.h"))]  # what sources include
         # torch's location too: the build's include paths name it, and ninja rebuilds when a command changes,
         # so two environments sharing the cache (a CI clone's and the user's) rebuilt over each other's build
-        for part in (self.source.read_bytes(), *headers, torch.__version__.encode(), sys.version.encode(),
+        for part in (*(path.read_bytes() for path in self.sources), *headers, torch.__version__.encode(), sys.version.encode(),
                      " ".join(sorted(cpu_flags())).encode(), str(Path(torch.__file__).resolve().parent).encode(),
                      str(self.source.resolve()).encode()):
             digest.update(part)
@@ -84,7 +86,8 @@ class Extension:
             if not any(build_dir.glob("*.so")):
                 print(f"specdec: building {self.source.name} once for this machine (~30 s) ...", file=sys.stderr,
                       flush=True)
-            module = build(name=f"specdec_{stem}_{key}", sources=[str(self.source)], build_directory=str(build_dir),
+            module = build(name=f"specdec_{stem}_{key}", sources=[str(path) for path in self.sources],
+                           build_directory=str(build_dir),
                            extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as error:  # a missing compiler or headers: fall back, and say why
             detail = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)

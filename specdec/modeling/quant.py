@@ -37,7 +37,8 @@ KINDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 """The ggml block types the kernels read, by name and type id."""
 
 _extension = Extension(Path(__file__).with_name("quant.cpp"), needs="AVX2, FMA and F16C", off_variable="SPECDEC_QUANT",
-                       fallback="GGUF targets run on their dequantised float weights instead.")
+                       fallback="GGUF targets run on their dequantised float weights instead.",
+                       others=tuple(sorted((Path(__file__).parent / "blocks").glob("*.cpp"))))
 
 
 def load() -> ModuleType | None:

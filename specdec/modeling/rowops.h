@@ -35,14 +35,11 @@
 #define SPECDEC_AVX2 __attribute__((target("avx2,fma")))
 #endif
 
+#include "simd.h"
+
 namespace {
 
-SPECDEC_AVX2 inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using specdec::simd::hsum;
 
 // y[i] = (x[i] * r) * w[i], r = 1 / sqrt(mean(x^2) + eps); n a multiple of 8.
 SPECDEC_AVX2 void norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
