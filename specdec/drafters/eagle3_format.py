@@ -178,7 +178,6 @@ def read_saved(directory: str | Path) -> DraftNet:
     only what is saved: its head is its own; the embedding stays empty)."""
     from safetensors.torch import load_file
 
-
     config = read_config(directory)
     if config.kind != "eagle3":
         raise SpecdecError(f"{directory} holds a {config.kind} drafter; only eagle3 drafters export to the EAGLE-3 "
@@ -262,7 +261,6 @@ def read(directory: str | Path, target) -> DraftNet:
         vocab = torch.arange(width)
     else:
         raise refuse(f"its draft vocabulary has {draft_size} ids but no d2t map to the target's")
-
     vocab = check_vocab(vocab, width, directory)
     head = tensors.get("lm_head.weight")
     if head is None and draft_size == width:
