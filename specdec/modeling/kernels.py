@@ -21,7 +21,8 @@ import torch
 from .extension import Extension, cpu_flags
 
 _extension = Extension(Path(__file__).with_name("kernels.cpp"), needs="AVX-512 BF16", off_variable="SPECDEC_KERNELS",
-                       fallback="The lean backend runs on oneDNN instead (about 2x slower per step).")
+                       fallback="The lean backend runs on oneDNN instead (about 2x slower per step).",
+                       others=tuple(sorted((Path(__file__).parent / "bf16").glob("*.cpp"))))
 
 
 @dataclass(frozen=True)

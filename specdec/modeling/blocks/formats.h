@@ -230,9 +230,7 @@ SPECDEC_AVX2 inline float quantize_group(const float* v, int64_t G, int8_t* q, i
 #define SPECDEC_AMX_INT8 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")))
 
-#ifndef SPECDEC_PACKED_AHEAD
-#define SPECDEC_PACKED_AHEAD 4096  // bytes of a thread's stream prefetched ahead
-#endif
+constexpr int64_t kPackedAhead = 4096;  // bytes of a thread's stream prefetched ahead
 
 constexpr int64_t PACKED_COLS = 16;  // output rows a block holds: one zmm of int32 sums, one AMX C tile row
 constexpr int64_t kPackedFlag = 256;  // kind | kPackedFlag: w is pack_int8's layout
@@ -306,7 +304,7 @@ struct PackedActs {
 };
 
 SPECDEC_AVX2 inline void prefetch_group(const uint8_t* p, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + SPECDEC_PACKED_AHEAD + o), _MM_HINT_T0);
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + kPackedAhead + o), _MM_HINT_T0);
 }
 
 
