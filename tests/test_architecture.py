@@ -167,3 +167,25 @@ def test_the_cycle_check_catches_a_lazy_cycle(tmp_path):
     with open(copy / "rejection.py", "a") as f:
         f.write("\n\ndef _peek():\n    from .engine import SpeculativeEngine\n    return SpeculativeEngine\n")
     assert ["specdec.engine", "specdec.rejection"] in cycles(module_graph(copy))
+
+
+MAX_LINES = 700
+
+
+def long_files(repository: Path, limit: int = MAX_LINES) -> list[str]:
+    """The sources, tests and scripts (.py, .cpp, .h) longer than `limit` lines."""
+    found = []
+    for folder in ("specdec", "tests", "scripts"):
+        for path in sorted((repository / folder).rglob("*")):
+            if path.suffix in (".py", ".cpp", ".h") and "__pycache__" not in path.parts:
+                lines = path.read_text().count("\n")
+                if lines > limit:
+                    found.append(f"{path.relative_to(repository)}: {lines} lines")
+    return found
+
+
+def test_no_source_file_over_700_lines():
+    """A file a newcomer can read in one sitting: split what grows past 700 lines by concept."""
+    too_long = long_files(ROOT.parent)
+    assert not too_long, "split these by concept:\n" + "\n".join(too_long)
+    assert long_files(ROOT.parent, limit=400), "the check finds nothing even at 400 lines: it reads no file"
