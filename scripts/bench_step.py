@@ -15,13 +15,13 @@ AVX2 kernels on the file's blocks as they are).
 """
 
 import argparse
-import os
 import statistics
 import time
 
 import torch
 
 from specdec.backends import LeanBackend
+from specdec.backends.compute_path import choose_path
 from specdec.bench.peers import hf_generate
 from specdec.config import SamplingParams, SpecConfig
 from specdec.engine import SpeculativeEngine
@@ -97,9 +97,9 @@ def main() -> None:
         loaded32 = load_model(args.target, "float32")
         if quant.packed_int8():
             backends["gguf-int8 packed"] = LeanBackend(loaded32.model, gguf=loaded32.gguf, int8_activations=True)
-        os.environ["SPECDEC_QUANT_PACKED"] = "0"
-        backends["gguf-int8 avx2"] = LeanBackend(loaded32.model, gguf=loaded32.gguf, int8_activations=True)
-        del os.environ["SPECDEC_QUANT_PACKED"]
+        on_file_layout = choose_path(loaded32.model.config.model_type, torch.float32, torch.device("cpu"), "gguf",
+                                     int8=True, repack=False)
+        backends["gguf-int8 avx2"] = LeanBackend(loaded32.model, gguf=loaded32.gguf, compute=on_file_layout)
     text = "The quick brown fox jumps over the lazy dog. " * 200
     all_ids = torch.tensor(loaded.tokenizer(text)["input_ids"])
     context = all_ids[:200]

@@ -49,15 +49,14 @@ from ..modeling import (
     rotary_module_angles,
     rowops,
 )
-from ..modeling.packing import can_pack, pack, packed_linear
+from ..modeling.packing import pack, packed_linear
 from .base import Backend, Step
+from .compute_path import ComputePath, choose_path
 from .gguf import GGUFWeights, QuantisedWeights, choose_weights, quantised_weights
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 """transformers' model_type of each architecture the lean path runs: Llama's layer, with a bias on the QKV
 projection (Qwen2), per-head q/k norms (Qwen3), sliding windows (Mistral, Qwen2's layer_types), or Gemma-3's."""
-ON_KERNELS = ("llama", "mistral", "gemma3_text")
-"""Those whose bf16 passes kernels.cpp runs (the others' bf16 passes run on ATen, the weights pre-packed)."""
 
 
 def unsupported_reason(model) -> str | None:
@@ -81,17 +80,16 @@ def supports(model) -> bool:
 
 class LeanBackend(Backend):
     path = "lean"
-    """"lean+tiles" when bf16 passes run on kernels.cpp with the weights on AMX tiles, "lean+kernels" when
-    bf16 steps of up to KERNEL_ROWS run on its AVX-512 dot products, "lean" on oneDNN (fp32, or no kernels)."""
+    """The compute path's label (ComputePath.label): lean+tiles, lean+kernels, lean, lean+gguf-int8+vnni, ..."""
 
     def __init__(self, model, use_kernels: bool = True, gguf: Path | GGUFWeights | QuantisedWeights | None = None,
-                 int8_activations: bool = False, use_tiles: bool = True):
+                 int8_activations: bool = False, use_tiles: bool = True, compute: ComputePath | None = None):
         """gguf: the GGUF file `model` was converted from (or its blocks, read), or its own weights quantised
         (QuantisedWeights), which then serve as the linear layers' and LM head's weights (float32 models
         only; see backends/gguf.py);
-        int8_activations: multiply them with activations quantised to int8 (quant.quant_linear);
-        use_tiles: pack bf16 weights for AMX tiles where the kernels run them (use_tiles=False keeps
-        the AVX-512 dot products, e.g. to compare the two)."""
+        compute: the path to run on (compute_path.choose_path); without it the backend asks choose_path
+        for one, with int8_activations (multiply the blocks with activations quantised to int8) and
+        use_kernels / use_tiles (False: keep off kernels.cpp, or its AMX tiles, e.g. to compare paths)."""
         super().__init__()
         config = model.config
         self.model = model  # the transformers model the weights come from (peers and drafters reuse it)
@@ -109,32 +107,27 @@ class LeanBackend(Backend):
                          head_norms=not self.gemma and getattr(attn, "q_norm", None) is not None)
         self.softcap = getattr(config, "final_logit_softcapping", None)
         inner = model.model
-        bf16_cpu = self.dtype == torch.bfloat16 and self.device.type == "cpu"
-        kern = kernels.load() if bf16_cpu and use_kernels and config.model_type in ON_KERNELS else None
-        self.packed = (self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float32) and kern is None
-                       and can_pack(self.dtype))
-        self.tiles = kern is not None and kern.tiles and use_tiles
+        if compute is None:
+            named = gguf.kind.lower() if isinstance(gguf, QuantisedWeights) else "gguf" if gguf is not None else None
+            compute = choose_path(config.model_type, self.dtype, self.device, named, int8_activations, use_kernels,
+                                  use_tiles)
+        elif (compute.blocks is None) != (gguf is None):
+            raise ValueError("a compute path on blocks needs the blocks (gguf), and blocks need a path on them")
+        self.compute = compute
+        self.path = compute.label
+        self.packed, self.tiles = compute.packed, compute.tiles
+        kern = kernels.load() if compute.kernels else None
         self._pack_tiles = kern.pack if self.tiles else None  # before the decoder exists: _weight packs with it
         if kern is not None:
-            self.path = "lean+tiles" if self.tiles else "lean+kernels"
             # on tiles every pass is on the one path, prefill included: as many rows as the model holds
             self.fast_rows = config.max_position_embeddings if self.tiles else KERNEL_ROWS
             self.cheap_rows = self.tiles
         self.gguf = None
-        self._pack_int8 = False
         if gguf is not None:
-            if self.dtype != torch.float32 or self.device.type != "cpu":
-                raise SpecdecError("GGUF weights run on the CPU with float32 activations: load the model in float32")
-            if quant.load() is None:
-                raise SpecdecError(f"the GGUF kernels cannot run here: {quant.unavailable_reason()}")
             self.gguf = gguf if isinstance(gguf, GGUFWeights | QuantisedWeights) else GGUFWeights.read(Path(gguf))
-            blocks = gguf.kind.lower() if isinstance(gguf, QuantisedWeights) else "gguf"
-            self.path = f"lean+{blocks}-int8" if int8_activations else f"lean+{blocks}"
-            # int8 activations on the packed kernels (AVX2, AVX-512 VNNI, AMX-INT8 for many rows): the
-            # blocks repacked once here
-            self._pack_int8 = int8_activations and quant.packed_int8()
-            if self._pack_int8:
-                self.path += "+" + quant.packed_isa()
+        # int8 activations on the packed kernels (AVX2, AVX-512 VNNI, AMX-INT8 for many rows): the blocks
+        # repacked once here
+        self._pack_int8 = compute.repacked_for is not None
         self.params_on_blocks = self.params_total = 0
         linear = packed_linear if self.packed else torch.nn.functional.linear
         with torch.no_grad():
@@ -154,8 +147,8 @@ class LeanBackend(Backend):
                          self.device, self.max_length)
         step = None
         if self.gguf is not None:
-            linear = quant.quant_linear(linear, int8_activations)
-            step = quant.layer_step(self.arch, layers, int8_activations)
+            linear = quant.quant_linear(linear, compute.int8)
+            step = quant.layer_step(self.arch, layers, compute.int8)
         rows = rowops.load() if self.dtype == torch.float32 and self.device.type == "cpu" else None
         self.decoder = Decoder(self.arch, layers, rope, linear, kern, rows, step,
                                kernel_rows=None if self.tiles else KERNEL_ROWS)
@@ -185,9 +178,9 @@ class LeanBackend(Backend):
             share = self.params_on_blocks / self.params_total
             if self._pack_int8:
                 kernels = {"amx": "AVX-512 VNNI, AMX-INT8 for many rows", "vnni": "AVX-512 VNNI",
-                           "avx2": "AVX2"}[quant.packed_isa()]
+                           "avx2": "AVX2"}[self.compute.repacked_for]
                 return f"{self._blocks_named()} x int8 activations on quant.cpp ({kernels}; {share:.0%} of the weights)"
-            activations = "int8" if "int8" in self.path else "float32"
+            activations = "int8" if self.compute.int8 else "float32"
             return f"{self._blocks_named()} x {activations} activations on quant.cpp ({share:.0%} of the weights)"
         if self.tiles:
             return "kernels.cpp (AMX tiles)"
