@@ -38,6 +38,13 @@ def test_bench_quick_writes_rows_table_and_plots(tiny_dirs, prompts_file, tmp_pa
     assert path.startswith("lean") and table.endswith(f"\nspecdec ran on: {path}\n")
     for png in ("speedup_vs_gamma.png", "alpha.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    stamp = {(r["cpu"], r["commit"], r["date"], r["target"]) for r in rows}
+    assert len(stamp) == 1 and stamp.pop()[3] == str(tiny_dirs["target"])  # what the rows were measured on
+    capsys.readouterr()
+    assert main(["bench", "--report", str(tmp_path)]) == 0  # finds out/rows.jsonl below it
+    report = capsys.readouterr().out
+    assert report.startswith(f"### {rows[0]['cpu']}\n") and "| plain |" not in report
+    assert report.count(f"| {rows[0]['commit']} |") == sum(r["method"] != "plain" for r in rows)
 
 
 def test_interleaving_and_seeding(tiny_dirs, prompts_file, monkeypatch):

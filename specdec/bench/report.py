@@ -1,10 +1,13 @@
-"""Bench output: a Markdown table shaped like the paper's Table 2, and PNG plots."""
+"""Bench output: a Markdown table shaped like the paper's Table 2, PNG plots, and the report across runs
+(`specdec bench --report DIR`: one table per CPU kind, each row naming the commit it measured)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .. import theory
+from ..errors import SpecdecError
 
 
 def _f(x, spec=".2f") -> str:
@@ -98,3 +101,53 @@ def plot(rows: list[dict], out_dir: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
     return paths
+
+
+def read_runs(directories: list[Path]) -> list[dict]:
+    """Every row of every rows.jsonl file in (or below) `directories`, or a SpecdecError naming what is
+    missing or unreadable."""
+    rows = []
+    for directory in directories:
+        if not directory.exists():
+            raise SpecdecError(f"{directory} does not exist: give the --out directory of a bench run")
+        files = [directory] if directory.is_file() else sorted(directory.rglob("rows.jsonl"))
+        if not files:
+            raise SpecdecError(f"{directory}: no rows.jsonl in it or below it (specdec bench --out DIR writes one)")
+        for path in files:
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    row["task"], row["method"], row["speedup"]["median"]
+                except (ValueError, KeyError, TypeError):
+                    raise SpecdecError(f"{path}:{number}: not a bench row (expected JSON with task, method, "
+                                       "speedup)") from None
+                rows.append(row)
+    return rows
+
+
+def cross_run_report(rows: list[dict]) -> str:
+    """One Markdown table per CPU kind: each drafter's rows against plain decoding on the same run, with
+    the target, the compute path, the commit and the date they were measured on. Rows from before the bench
+    stamped them say "unknown"."""
+    by_cpu: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["method"] != "plain":
+            by_cpu.setdefault(r.get("cpu", "unknown CPU"), []).append(r)
+    if not by_cpu:
+        raise SpecdecError("the rows hold no speculative run (only plain decoding): nothing to report")
+    out = []
+    for cpu in sorted(by_cpu):
+        out += [f"### {cpu}", "",
+                "| target | task | method | T | γ | α | τ | speedup (median, min–max) | tok/s | path | commit | date |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(by_cpu[cpu], key=lambda r: (r.get("target", ""), r["task"], r["temperature"], r["method"],
+                                                     str(r["gamma"]))):
+            s = r["speedup"]
+            out.append(f"| {r.get('target', 'unknown')} | {r['task']} | {r['method']} | {r['temperature']:g} "
+                       f"| {r['gamma']} | {_f(r.get('alpha'))} | {_f(r.get('tau'))} "
+                       f"| {_f(s['median'])}× ({_f(s['min'])}–{_f(s['max'])}) | {_f(r.get('tokens_per_s'), '.1f')} "
+                       f"| {r.get('path', '–')} | {r.get('commit', 'unknown')} | {r.get('date', 'unknown')} |")
+        out.append("")
+    return "\n".join(out)

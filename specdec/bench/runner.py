@@ -22,6 +22,7 @@ from ..errors import SpecdecError
 from ..plan import make_plan
 from ..prompts import TASKS, Prompt, load_prompts_file, task_prompts
 from .peers import LLAMA_SERVER_SPECS, LlamaCpp, LlamaServer, hf_generate, llama_cpp_available, llama_server_binary
+from .provenance import stamp
 
 PEERS = ("hf", "llama.cpp", "llama-server")
 DEFAULT_PEERS = ("hf", "llama.cpp")
@@ -229,6 +230,7 @@ def aggregate(runs: list[dict], config: BenchConfig) -> list[dict]:
     for r in runs:
         groups.setdefault((r["task"], r["method"], r["temperature"], str(r["gamma"])), []).append(r)
     rows = []
+    measured_on = stamp()
     for (task, method, temperature, gamma), items in groups.items():
         base = [plain[_prompt_run(r)] for r in items]
         # a peer's time includes its prefill: it is compared with plain decoding's end-to-end rate
@@ -242,6 +244,7 @@ def aggregate(runs: list[dict], config: BenchConfig) -> list[dict]:
                "new_tokens": sum(len(r["tokens"]) for r in items)}
         if items[0].get("path"):
             row["path"] = items[0]["path"]
+        row.update(target=config.target, **measured_on)
         if temperature == 0:
             row["identical_to_plain"] = sum(r["tokens"] == b["tokens"] for r, b in zip(items, base))
         if "drafted" in items[0] and method != "plain":

@@ -27,6 +27,11 @@ def run(args: argparse.Namespace) -> int:
 
     from ..bench.runner import BenchConfig, BenchInterrupted, run_bench
 
+    if args.report:
+        from ..bench.report import cross_run_report, read_runs
+
+        print(cross_run_report(read_runs([Path(d) for d in args.report])))
+        return 0
     for task in args.tasks:
         if task not in TASKS:
             raise SpecdecError(f"unknown task {task!r}: use {', '.join(TASKS)}")
@@ -106,4 +111,7 @@ def register(sub) -> None:
                             "to show what the coupling costs in acceptance")
     bench.add_argument("--quick", action="store_true", help="a small run CI can afford")
     bench.add_argument("--out", default="bench-out", help="output directory (default: %(default)s)")
+    bench.add_argument("--report", action="append", metavar="DIR",
+                       help="run nothing: print the rows of the bench runs in DIR (every rows.jsonl below it; "
+                            "repeatable) as one Markdown table per CPU kind, each row naming its commit and date")
     bench.set_defaults(handler=run)
