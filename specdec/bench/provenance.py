@@ -6,9 +6,9 @@ from __future__ import annotations
 import datetime
 import subprocess
 from functools import cache
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .. import __version__
 from ..modeling.extension import cpu_flags
 
 ISA = (("amx_int8", "AMX-INT8"), ("amx_bf16", "AMX-BF16"), ("avx512_vnni", "AVX-512 VNNI"),
@@ -42,13 +42,17 @@ def commit() -> str:
     specdec is not run from a checkout."""
     root = Path(__file__).resolve().parents[2]
     try:
+        release = f"specdec {version('specdec')}"
+    except PackageNotFoundError:
+        release = "specdec (not installed)"
+    try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10, check=True).stdout.strip()
         changed = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "specdec"],
                                  capture_output=True, text=True, timeout=10, check=True).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return f"specdec {__version__}"
-    return head + ("+changes" if changed else "") if head else f"specdec {__version__}"
+        return release
+    return head + ("+changes" if changed else "") if head else release
 
 
 def stamp() -> dict:
