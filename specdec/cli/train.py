@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         moments = {}
         optimizer_state = None
         if args.resume and start is not None:
-            optimizer_state = read_optimizer_state(args.resume, start.float(), recipe.lr)
+            optimizer_state = read_optimizer_state(args.resume, start.float())
             log(f"continuing {args.resume} " + ("with its optimiser state" if optimizer_state else
                                                 "(no optimiser state saved beside it: the moments start afresh)"))
         net = train(target, data, recipe, log, start=start, sets=sets, optimizer_state=optimizer_state,

@@ -12,37 +12,26 @@ from __future__ import annotations
 
 import torch
 
-from ..backends import Backend
 from ..config import SamplingParams
 from ..modeling.tree import TreeLayout
 from ..sampling import coupled_draw, probs, samples
-from ..vocab_map import VocabMap
-from .base import Drafter, Proposal
+from .base import Proposal
+from .feature_heads import FeatureHeadsDrafter
 from .nets import DraftNet
 
 
-class EagleDrafter(Drafter):
+class EagleDrafter(FeatureHeadsDrafter):
     """EAGLE and EAGLE-3 drafting a chain (the net's kind decides what it reads and feeds back)."""
 
     cost_prior = 0.05
-    reads_features = True
 
     def __init__(self, net: DraftNet, label: str):
-        self.net, self.name = net, f"{net.config.kind}:{label}"
+        super().__init__(net, f"{net.config.kind}:{label}")
         self.cache = net.new_cache()
-        self.target: Backend | None = None
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
         return self.net.feature_layers
-
-    def bind(self, target: Backend) -> None:
-        self.target = target
-        self.vocab = VocabMap(self.net.vocab, target.vocab_size)  # the head's rows -> the target's ids
-
-    @property
-    def vocab_share(self) -> float | None:
-        return self.net.vocab.numel() / self.target.vocab_size if self.target is not None else None
 
     def fork(self) -> EagleDrafter:
         twin = super().fork()

@@ -5,28 +5,17 @@ from __future__ import annotations
 
 import torch
 
-from ..backends import Backend
 from ..config import SamplingParams
-from ..vocab_map import VocabMap
-from .base import Drafter, Proposal
+from .base import Proposal
+from .feature_heads import FeatureHeadsDrafter
 from .nets import DraftNet
 
 
-class MedusaDrafter(Drafter):
+class MedusaDrafter(FeatureHeadsDrafter):
     cost_prior = 0.02
-    reads_features = True
 
     def __init__(self, net: DraftNet, label: str):
-        self.net, self.name = net, f"medusa:{label}"
-        self.target: Backend | None = None
-
-    def bind(self, target: Backend) -> None:
-        self.target = target
-        self.vocab = VocabMap(self.net.vocab, target.vocab_size)  # the heads' rows -> the target's ids
-
-    @property
-    def vocab_share(self) -> float | None:
-        return self.net.vocab.numel() / self.target.vocab_size if self.target is not None else None
+        super().__init__(net, f"medusa:{label}")
 
     @torch.inference_mode()
     def propose(self, context: torch.Tensor, gamma: int, sampling: SamplingParams,

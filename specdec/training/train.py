@@ -398,8 +398,8 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
     autocast = torch.autocast(_device(net).type, dtype=torch.bfloat16, enabled=recipe.bf16)
     optimizer = torch.optim.AdamW(trainable, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
     warmup = recipe.warmup
-    if optimizer_state is not None:
-        optimizer.load_state_dict(optimizer_state)
+    if optimizer_state is not None:  # the moments saved; the rates and betas this run's
+        optimizer.load_state_dict({"state": optimizer_state, "param_groups": optimizer.state_dict()["param_groups"]})
         warmup = 1  # the moments are estimated already
 
     start = time.perf_counter()
@@ -495,9 +495,10 @@ def save_optimizer_state(state: dict, directory) -> None:
         save_file(tensors, str(directory / name), metadata=steps)
 
 
-def read_optimizer_state(directory, net: DraftNet, lr: float) -> dict | None:
-    """The AdamW state saved beside the drafter in `directory` for `net`'s trained parameters, or None
-    where there is none or it does not fit them (shapes differ: the drafter was resized)."""
+def read_optimizer_state(directory, net: DraftNet) -> dict[int, dict] | None:
+    """The AdamW moments saved beside the drafter in `directory` for `net`'s trained parameters, by their
+    index (an optimizer state_dict's "state"), or None where there are none or they do not fit (shapes
+    differ: the drafter was resized)."""
     from pathlib import Path
 
     from safetensors import safe_open
@@ -516,5 +517,4 @@ def read_optimizer_state(directory, net: DraftNet, lr: float) -> dict | None:
             if exp_avg.shape != p.shape or exp_avg_sq.shape != p.shape:
                 return None
             state[i] = {"step": torch.tensor(float(steps.get(str(i), 0))), "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
-    groups = torch.optim.AdamW(trainable, lr=lr, betas=(0.9, 0.95), weight_decay=0.0).state_dict()["param_groups"]
-    return {"state": state, "param_groups": groups}
+    return state
