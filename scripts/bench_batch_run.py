@@ -1,4 +1,4 @@
-"""Continuous batching in process (no HTTP): b chat prompts decoded together by specdec.batching.Batch,
+"""Continuous batching in process (no HTTP): b chat prompts decoded together by specdec.decoding.batching.Batch,
 greedy, until each has its tokens; total tokens/s and ms per batch step, for each b. What the server's
 engine can do, to compare with scripts/bench_serve.py's rates through HTTP.
 
@@ -11,9 +11,9 @@ import time
 import torch
 
 from specdec.api import SpecDec
-from specdec.batching import Batch
 from specdec.config import SamplingParams, SpecConfig
-from specdec.prompts import task_prompts
+from specdec.decoding.batching import Batch
+from specdec.tasks.prompts import task_prompts
 
 
 def main() -> None:
@@ -27,9 +27,9 @@ def main() -> None:
     specdec = SpecDec("smollm2-135m", drafter=args.drafter)
     prompts = [specdec.encode(p.text) for p in task_prompts("chat", max(counts))]
     gamma = args.gamma if args.gamma == "auto" else int(args.gamma)
-    print(f"smollm2-135m on {specdec.engine.target.path}, drafter {args.drafter}, gamma {gamma}, {args.tokens} tokens")
+    print(f"smollm2-135m on {specdec.decoding.engine.target.path}, drafter {args.drafter}, gamma {gamma}, {args.tokens} tokens")
     for count in counts:
-        batch = Batch(specdec.engine, max_batch=max(counts))
+        batch = Batch(specdec.decoding.engine, max_batch=max(counts))
         start = time.perf_counter()
         members = [batch.add(p, SamplingParams(), SpecConfig(max_new_tokens=args.tokens, gamma=gamma))
                    for p in prompts[:count]]

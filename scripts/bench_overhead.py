@@ -22,7 +22,7 @@ from types import ModuleType
 import specdec
 from specdec import SpecDec
 from specdec.modeling import kernels, quant, rowops
-from specdec.prompts import task_prompts
+from specdec.tasks.prompts import task_prompts
 
 CONFIGS = [  # (label, drafter, temperature, seed, task)
     ("plain T=0", "none", 0.0, None, "chat"),

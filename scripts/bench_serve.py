@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 from openai import OpenAI
 
-from specdec.prompts import task_prompts
+from specdec.tasks.prompts import task_prompts
 
 MODEL = "smollm2-135m"
 

@@ -24,10 +24,10 @@ from specdec.backends import LeanBackend
 from specdec.backends.compute_path import choose_path
 from specdec.bench.peers import hf_generate
 from specdec.config import SamplingParams, SpecConfig
-from specdec.engine import SpeculativeEngine
+from specdec.decoding.engine import SpeculativeEngine
 from specdec.modeling import kernels, quant
 from specdec.models import load_model
-from specdec.prompts import task_prompts
+from specdec.tasks.prompts import task_prompts
 
 
 def bandwidth(size_mb: int = 512, repeats: int = 10) -> tuple[float, float]:

@@ -19,10 +19,10 @@ import torch
 from specdec.backends import make_backend
 from specdec.backends.gguf import QuantisedWeights
 from specdec.config import QUANTISED_WEIGHTS, SamplingParams, SpecConfig
-from specdec.corpus import man_pages
-from specdec.engine import SpeculativeEngine
+from specdec.decoding.engine import SpeculativeEngine
 from specdec.models import load_model
-from specdec.prompts import task_prompts
+from specdec.tasks.corpus import man_pages
+from specdec.tasks.prompts import task_prompts
 
 
 def greedy(backend, ids: list[int], tokens: int, eos: set[int]) -> list[int]:

@@ -11,7 +11,7 @@ import importlib
 from .config import SamplingParams, SpecConfig
 from .errors import SpecdecError
 
-_LAZY = {"SpecDec": "api", "Result": "api", "SpeculativeEngine": "engine", "Generation": "engine"}
+_LAZY = {"SpecDec": "api", "Result": "api", "SpeculativeEngine": "decoding.engine", "Generation": "decoding.engine"}
 
 __all__ = ["SpecDec", "Result", "SamplingParams", "SpecConfig", "SpeculativeEngine", "Generation", "SpecdecError"]
 __version__ = "0.1.0"

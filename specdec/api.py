@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from .config import SamplingParams, SpecConfig
-from .engine import Generation, SpeculativeEngine
-from .metrics import GenerationStats
+from .decoding.engine import Generation, SpeculativeEngine
+from .decoding.metrics import GenerationStats
 from .plan import make_plan
 from .text import TextStream
 

@@ -11,14 +11,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-import specdec.engine
+import specdec.decoding.engine
 from helpers import TableLM
 from specdec.config import SamplingParams, SpecConfig
+from specdec.conformance.exactness import goodness_of_fit, sample_continuations
+from specdec.decoding.engine import SpeculativeEngine
+from specdec.decoding.sampling import adjust, probs, row_counts
 from specdec.drafters import ModelDrafter, PromptLookupDrafter, PromptLookupTreeDrafter
-from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
-from specdec.exactness import goodness_of_fit, sample_continuations
-from specdec.sampling import adjust, probs, row_counts
 
 VOCAB = 8
 PROMPT = [0, 1, 2, 3, 4, 5, 6, 1, 2, 3, 1, 2, 3]
@@ -54,7 +54,7 @@ def test_speculative_equals_plain_with_bias_and_penalties(kind, sampling):
 
 
 def test_negative_control_rows_that_ignore_their_drafts_are_caught(monkeypatch):
-    monkeypatch.setattr(specdec.engine, "row_counts", lambda counts, drafts, sees: counts.repeat(sees.shape[0], 1))
+    monkeypatch.setattr(specdec.decoding.engine, "row_counts", lambda counts, drafts, sees: counts.repeat(sees.shape[0], 1))
     assert not all(parity("prompt-lookup", SAMPLINGS["greedy"]) + parity("model", SAMPLINGS["seeded"]))
 
 

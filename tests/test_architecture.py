@@ -1,4 +1,4 @@
-"""Imports follow the flow: apps -> api -> engine -> drafters -> verification pieces -> backends ->
+"""Imports follow the flow: apps -> api -> decoding engine -> drafters -> verification pieces -> backends ->
 modeling -> settings. A module may import from its own unit and from units in lower layers, never
 upward or sideways (the apps do not import each other). Checked on the source, so it costs nothing."""
 
@@ -11,26 +11,33 @@ LAYERS = [
     {"__main__"},
     {"cli"},
     {"server", "bench", "training", "conformance"},
-    {"api", "batching"},
+    {"api", "decoding.batching"},
     {"plan"},
-    {"engine"},
+    {"decoding.engine"},
     {"drafters"},
-    {"rejection", "gamma", "metrics", "exactness", "vocab_map"},
-    {"sampling", "theory"},
+    {"decoding.rejection", "decoding.gamma", "decoding.metrics"},
+    {"decoding.sampling", "decoding.theory"},
     {"backends", "models"},
     {"gguf_file"},
     {"modeling"},
-    {"prompts", "text"},
-    {"corpus", "config", "paths"},
+    {"tasks.prompts", "text"},
+    {"tasks.corpus", "config", "paths"},
     {"errors"},
 ]
+LAYERED_PACKAGES = ("decoding", "tasks")
+"""Packages whose modules are units of their own (the decoding core's layers run through it)."""
 ROOT = Path(specdec.__file__).parent
 
 
 def unit_of(module: str) -> str | None:
-    """specdec.drafters.nets -> 'drafters'; the package itself -> None."""
+    """specdec.drafters.nets -> 'drafters'; specdec.decoding.engine -> 'decoding.engine'; the package
+    itself (or a layered package's __init__) -> None."""
     parts = module.split(".")
-    return parts[1] if parts[0] == "specdec" and len(parts) > 1 else None
+    if parts[0] != "specdec" or len(parts) < 2:
+        return None
+    if parts[1] in LAYERED_PACKAGES:
+        return f"{parts[1]}.{parts[2]}" if len(parts) > 2 and parts[2] != "__init__" else None
+    return parts[1]
 
 
 def layer_of(unit: str) -> int:
@@ -90,8 +97,8 @@ def test_the_check_catches_upward_and_sideways_imports(tmp_path):
 
     copy = tmp_path / "specdec"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("data", "*.cpp", "__pycache__"))
-    with open(copy / "engine.py", "a") as f:
-        f.write("\n\ndef _peek():\n    from .server import app\n    return app\n")
+    with open(copy / "decoding" / "engine.py", "a") as f:
+        f.write("\n\ndef _peek():\n    from ..server import app\n    return app\n")
     with open(copy / "bench" / "runner.py", "a") as f:
         f.write("\nfrom ..server.worker import Worker\n")
     wrong = violations(copy)
@@ -164,9 +171,9 @@ def test_the_cycle_check_catches_a_lazy_cycle(tmp_path):
 
     copy = tmp_path / "specdec"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("data", "*.cpp", "__pycache__"))
-    with open(copy / "rejection.py", "a") as f:
+    with open(copy / "decoding" / "rejection.py", "a") as f:
         f.write("\n\ndef _peek():\n    from .engine import SpeculativeEngine\n    return SpeculativeEngine\n")
-    assert ["specdec.engine", "specdec.rejection"] in cycles(module_graph(copy))
+    assert ["specdec.decoding.engine", "specdec.decoding.rejection"] in cycles(module_graph(copy))
 
 
 MAX_LINES = 700

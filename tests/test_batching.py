@@ -1,4 +1,4 @@
-"""Continuous batching (specdec.batching): a generation in a batch emits exactly what it emits
+"""Continuous batching (specdec.decoding.batching): a generation in a batch emits exactly what it emits
 alone, whoever shares its steps, whenever it joins, however its prompt is chunked."""
 
 import pytest
@@ -6,11 +6,11 @@ import torch
 
 from helpers import tiny_gemma3, tiny_llama, tiny_llama_family
 from specdec.backends import LeanBackend, Step, TransformersBackend
-from specdec.batching import Batch, SpeculationChoice
 from specdec.config import SamplingParams, SpecConfig
+from specdec.decoding.batching import Batch, SpeculationChoice
+from specdec.decoding.engine import SpeculativeEngine
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
 from specdec.drafters.prompt_lookup import PromptLookupTreeDrafter
-from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
 from specdec.modeling import Segment
 from specdec.modeling.tree import TreeLayout

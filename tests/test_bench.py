@@ -7,7 +7,7 @@ import pytest
 from specdec.bench import runner
 from specdec.cli import main
 from specdec.errors import SpecdecError
-from specdec.prompts import TASKS, load_prompts_file, task_prompts
+from specdec.tasks.prompts import TASKS, load_prompts_file, task_prompts
 
 
 @pytest.fixture

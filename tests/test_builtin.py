@@ -6,8 +6,8 @@ import pytest
 
 from specdec.backends import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
+from specdec.decoding.engine import SpeculativeEngine
 from specdec.drafters import NGramDrafter, NGramTable, PromptLookupDrafter
-from specdec.engine import SpeculativeEngine
 
 PROMPTS = [
     "Repeat this sentence exactly: The quick brown fox jumps over the lazy dog, and the dog sleeps.",

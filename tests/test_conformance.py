@@ -6,15 +6,15 @@ import json
 import pytest
 import torch
 
-import specdec.engine
-import specdec.rejection
+import specdec.decoding.engine
+import specdec.decoding.rejection
 from helpers import TableLM
 from specdec.config import SamplingParams
-from specdec.conformance import Settings, run_conformance
+from specdec.conformance.check import Settings, run_conformance
+from specdec.decoding.engine import SpeculativeEngine
+from specdec.decoding.rejection import Verdict, acceptance_probability, point_mass, residual
+from specdec.decoding.sampling import probs, sample
 from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, NGramTreeDrafter, PromptLookupDrafter, Proposal
-from specdec.engine import SpeculativeEngine
-from specdec.rejection import Verdict, acceptance_probability, point_mass, residual
-from specdec.sampling import probs, sample
 
 VOCAB, EOS = 8, 7
 PROMPTS = [[0, 1, 2, 3, 4, 5, 6, 1, 2, 3]]
@@ -154,7 +154,7 @@ def _remembering_generator(seed, device="cpu"):
 
 class ReseededEngine(SpeculativeEngine):
     """Reseeds the request's generator at every round (the random stream repeats). Runs with
-    specdec.engine.new_generator patched to _remembering_generator."""
+    specdec.decoding.engine.new_generator patched to _remembering_generator."""
 
     def emitted(self, accepted, token, spec):
         generator, seed = _live_generators[-1]
@@ -207,11 +207,11 @@ def test_mutant_fails(name, quick, monkeypatch):
     smallest p-value (pytest -rP shows it)."""
     mutant = dict(MUTANTS[name], settings=Settings.quick() if quick else Settings())
     if "verify" in mutant:
-        monkeypatch.setattr(specdec.engine, "verify", mutant.pop("verify"))
+        monkeypatch.setattr(specdec.decoding.engine, "verify", mutant.pop("verify"))
     if "draft" in mutant:
         mutant["draft"] = mutant["draft"]()
     if name == "generator reseeded each round":
-        monkeypatch.setattr(specdec.engine, "new_generator", _remembering_generator, raising=True)
+        monkeypatch.setattr(specdec.decoding.engine, "new_generator", _remembering_generator, raising=True)
     report = conformance(**mutant)
     p_value, test = min(((t.p_value, t.name) for c in report.checks for t in c.tests), default=(1.0, "none"))
     print(f"{name} ({'quick' if quick else 'default'}): smallest p = {p_value:.3g} ({test})")
@@ -230,7 +230,7 @@ def test_acceptance_of_a_few_drafts_is_not_judged_by_the_normal_tail():
     """One draft at β = 0.9447 rejected happens one time in 18; the normal tail made it z = −4.1, p = 4e-5, and
     `specdec verify` FAILED a correct engine (prompt lookup on a quantised SmolLM2, its 4th draft position).
     Few draws take Freedman's bound, valid at any count; many keep the normal tail's power."""
-    from specdec.exactness import acceptance_z
+    from specdec.conformance.exactness import acceptance_z
 
     beta = 0.9447
     one = acceptance_z("one draft", 0, beta, beta**2, 1)
@@ -281,12 +281,12 @@ def test_parity_fails_naming_the_paths_when_they_differ():
 
 def test_parity_fails_on_a_row_invariant_path(monkeypatch):
     """Where passes of any row count round alike, a divergence is a bug, however small the gap."""
-    from specdec.rejection import Verdict
+    from specdec.decoding.rejection import Verdict
 
     def accept_always_greedy(target_argmax, draft):
         return Verdict(accepted=draft.shape[0], token=int(target_argmax[draft.shape[0]]))
 
-    monkeypatch.setattr(specdec.engine, "verify_greedy", accept_always_greedy)
+    monkeypatch.setattr(specdec.decoding.engine, "verify_greedy", accept_always_greedy)
     report = parity(TableLM(VOCAB, seed=5, scale=0.3, row_noise=0.05, fast_rows=16))
     check = by_name(report)["greedy parity"]
     assert not check.passed and check.data["divergences"][0]["rounding_difference"] == 0.0, report.to_text()

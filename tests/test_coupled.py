@@ -9,14 +9,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-import specdec.engine
+import specdec.decoding.engine
 from helpers import TableLM
 from specdec.config import SamplingParams, SpecConfig
+from specdec.conformance.exactness import goodness_of_fit, sample_continuations
+from specdec.decoding.engine import SpeculativeEngine
+from specdec.decoding.sampling import coupled_draw, probs
 from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, PromptLookupDrafter, PromptLookupTreeDrafter
-from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
-from specdec.exactness import goodness_of_fit, sample_continuations
-from specdec.sampling import coupled_draw, probs
 
 VOCAB = 8
 PROMPT = [0, 1, 2, 3, 4, 5, 6, 1, 2, 3]
@@ -81,11 +81,11 @@ def test_law_of_the_output_is_the_targets(sampling):
 def test_negative_control_a_biased_race_is_caught(monkeypatch):
     """argmax p + E (noise added, not divided) is not a draw from p: the same test sees it."""
     def biased(dist, seed, position):
-        from specdec.sampling import position_noise
+        from specdec.decoding.sampling import position_noise
 
         return int(torch.argmax(dist.double() + position_noise(seed, position, dist.shape[-1])))
 
-    monkeypatch.setattr(specdec.engine, "coupled_draw", biased)
+    monkeypatch.setattr(specdec.decoding.engine, "coupled_draw", biased)
     sampling = SAMPLINGS[0]
     target = TableLM(VOCAB, seed=20)
     counts = sample_continuations(SpeculativeEngine(target, drafter("model")), PROMPT, 2, sampling, gamma=3, n=4000,
@@ -121,7 +121,7 @@ def test_coupled_draw_follows_the_distribution():
 
 
 def test_specdec_verify_checks_drafter_invariant_sampling(monkeypatch):
-    from specdec.conformance import Settings, run_conformance
+    from specdec.conformance.check import Settings, run_conformance
 
     target = TableLM(VOCAB, seed=20)
 
@@ -135,10 +135,10 @@ def test_specdec_verify_checks_drafter_invariant_sampling(monkeypatch):
                                                              "acceptance"], good.to_text()
 
     def biased(dist, seed, position):
-        from specdec.sampling import position_noise
+        from specdec.decoding.sampling import position_noise
 
         return int(torch.argmax(dist.double() + position_noise(seed, position, dist.shape[-1])))
 
-    monkeypatch.setattr(specdec.engine, "coupled_draw", biased)  # the target's draws only: plain and spec split
+    monkeypatch.setattr(specdec.decoding.engine, "coupled_draw", biased)  # the target's draws only: plain and spec split
     bad = report()
     assert not bad.passed

@@ -12,12 +12,12 @@ import specdec.drafters.cross_tokenizer as cross
 from helpers import char_tokenizer, tiny_llama
 from specdec.backends import LeanBackend, TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
+from specdec.conformance.exactness import exact_continuation_law, goodness_of_fit, sample_continuations
+from specdec.decoding.engine import SpeculativeEngine
+from specdec.decoding.rejection import accept_prefix, acceptance_probability, residual, verify
+from specdec.decoding.sampling import probs
 from specdec.drafters import CrossTokenizerDrafter
-from specdec.engine import SpeculativeEngine
-from specdec.exactness import exact_continuation_law, goodness_of_fit, sample_continuations
-from specdec.rejection import accept_prefix, acceptance_probability, residual, verify
-from specdec.sampling import probs
-from specdec.vocab_map import VocabMap, intersect, token_bytes
+from specdec.drafters.vocab_map import VocabMap, intersect, token_bytes
 
 TARGET_CHARS, DRAFT_CHARS = list("abcde "), list("xcd eyz")  # shared: c, d, e and the space
 
@@ -86,7 +86,7 @@ def test_tli_monte_carlo_with_a_negative_control():
 def test_a_vocabulary_map_draws_like_a_draw_over_q():
     """With the target ids ascending, VocabMap.draw picks, from one generator state, the token a
     draw over q's full width would (the trained drafters rely on it too)."""
-    from specdec.sampling import sample
+    from specdec.decoding.sampling import sample
 
     vocab, sampling = partial_map(target_width=300, draft_width=200, shared=90), SamplingParams(temperature=0.8)
     logits = torch.randn(1, 200, generator=torch.Generator().manual_seed(2))

@@ -12,12 +12,12 @@ from specdec.backends import LeanBackend, TransformersBackend
 from specdec.backends.base import Step
 from specdec.cli import main
 from specdec.config import SamplingParams, SpecConfig
+from specdec.decoding.engine import SpeculativeEngine
 from specdec.drafters import build_drafter, eagle3_format
 from specdec.drafters.checkpoint import save_drafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.nets import DraftConfig, DraftNet
 from specdec.drafters.trained import load_net
-from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
 from specdec.models import load_model, target_identity
 

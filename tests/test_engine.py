@@ -6,8 +6,8 @@ import torch
 from helpers import tiny_gemma3, tiny_llama, tiny_llama_family
 from specdec.backends import TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
+from specdec.decoding.engine import SpeculativeEngine
 from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, PromptLookupDrafter
-from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
 
 VOCAB = 40

@@ -7,7 +7,7 @@ import pytest
 
 from specdec import theory
 from specdec.config import SpecConfig
-from specdec.gamma import GammaPolicy, RoundHistory
+from specdec.decoding.gamma import GammaPolicy, RoundHistory
 
 
 def accepted_count(gamma: int, alpha: float, rng: random.Random) -> int:

@@ -8,8 +8,8 @@ from helpers import tiny_gemma3, tiny_llama, tiny_llama_family
 from specdec.backends import TransformersBackend
 from specdec.backends.lean import LeanBackend, make_backend
 from specdec.config import SamplingParams, SpecConfig
+from specdec.decoding.engine import SpeculativeEngine
 from specdec.drafters import ModelDrafter, PromptLookupDrafter
-from specdec.engine import SpeculativeEngine
 
 VOCAB = 40
 MODELS = {"llama": lambda seed=0: tiny_llama(VOCAB, seed=seed),

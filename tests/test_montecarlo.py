@@ -6,14 +6,14 @@ these check the real forward passes, caches and rollbacks."""
 
 import pytest
 
-import specdec.engine
+import specdec.decoding.engine
 from helpers import tiny_llama
 from specdec.backends import LeanBackend, TransformersBackend
 from specdec.config import SamplingParams
+from specdec.conformance.exactness import exact_continuation_law, goodness_of_fit, sample_continuations
+from specdec.decoding.engine import SpeculativeEngine
+from specdec.decoding.rejection import Verdict
 from specdec.drafters import ModelDrafter, NGramDrafter, NGramTable, PromptLookupDrafter
-from specdec.engine import SpeculativeEngine
-from specdec.exactness import exact_continuation_law, goodness_of_fit, sample_continuations
-from specdec.rejection import Verdict
 
 VOCAB, K, N = 5, 3, 2000
 PROMPT = [0, 1, 2, 3, 4, 1]
@@ -54,7 +54,7 @@ def test_speculative_law_equals_target_law(models, kind, sampling, backend):
 
 def accept_always(p, q, draft, generator):
     """A broken verifier: keeps every draft token and adds a bonus from p."""
-    from specdec.sampling import sample
+    from specdec.decoding.sampling import sample
 
     return Verdict(accepted=draft.shape[0], token=sample(p[draft.shape[0]], generator))
 
@@ -63,7 +63,7 @@ def test_negative_control_accept_always_is_caught(models, monkeypatch):
     target, draft = models
     sampling = SamplingParams(temperature=1.0)
     law = exact_continuation_law(target, PROMPT, K, sampling)
-    monkeypatch.setattr(specdec.engine, "verify", accept_always)
+    monkeypatch.setattr(specdec.decoding.engine, "verify", accept_always)
     engine = SpeculativeEngine(TransformersBackend(target), drafters(target, draft)["model"])
     counts = sample_continuations(engine, PROMPT, K, sampling, gamma=2, n=N, seed=1000)
     test = goodness_of_fit("3-token law", counts, law)

@@ -19,10 +19,10 @@ from helpers import (
 )
 from specdec.backends.gguf import GGUFWeights, choose_weights
 from specdec.backends.lean import LeanBackend, target_backend
-from specdec.batching import Batch
 from specdec.config import SamplingParams, SpecConfig
+from specdec.decoding.batching import Batch
+from specdec.decoding.engine import SpeculativeEngine
 from specdec.drafters import PromptLookupDrafter, PromptLookupTreeDrafter
-from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
 from specdec.modeling import quant
 

@@ -6,10 +6,10 @@ broken residual."""
 import pytest
 import torch
 
-import specdec.rejection
+import specdec.decoding.rejection
 from specdec.config import SamplingParams
-from specdec.rejection import accept_prefix, acceptance_probability, point_mass, residual, verify, verify_greedy
-from specdec.sampling import probs, sample
+from specdec.decoding.rejection import accept_prefix, acceptance_probability, point_mass, residual, verify, verify_greedy
+from specdec.decoding.sampling import probs, sample
 
 V = 12
 
@@ -235,7 +235,7 @@ def test_sequence_law_with_point_mass_drafts(k):
 def test_sequence_law_sees_a_broken_residual(broken, monkeypatch):
     """Negative control: the same computation, with the residual broken, is far from p."""
     wrong = (lambda p, q: p) if broken == "residual = p" else (lambda p, q: (p - q).clamp_min(0))
-    monkeypatch.setattr(specdec.rejection, "residual", wrong)
+    monkeypatch.setattr(specdec.decoding.rejection, "residual", wrong)
     g = torch.Generator().manual_seed(3)
     p_next, q_next = chain(g), chain(g)
     assert law_distance(emitted_law_of_rounds(p_next, q_next, 2, 2), true_law(p_next, 2)) > 1e-3

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from specdec.config import SamplingParams, SpecConfig
+from specdec.conformance.exactness import goodness_of_fit
+from specdec.decoding.sampling import argmax_rows, probs, sample, samples
 from specdec.errors import SpecdecError
-from specdec.exactness import goodness_of_fit
-from specdec.sampling import argmax_rows, probs, sample, samples
 
 
 def test_samples_follow_the_distribution_and_never_draw_probability_zero():

@@ -11,8 +11,8 @@ from helpers import check_tree_path_scores_like_steps, tiny_gemma3, tiny_llama, 
 from specdec.backends.base import Step
 from specdec.backends.lean import LeanBackend
 from specdec.config import SamplingParams, SpecConfig
+from specdec.decoding.engine import SpeculativeEngine
 from specdec.drafters import PromptLookupDrafter, PromptLookupTreeDrafter
-from specdec.engine import SpeculativeEngine
 from specdec.modeling import kernels
 from specdec.modeling.extension import cpu_flags
 

@@ -9,6 +9,8 @@ import torch
 from helpers import tiny_gemma3, tiny_llama
 from specdec.backends import LeanBackend, TransformersBackend
 from specdec.config import SamplingParams, SpecConfig
+from specdec.conformance.exactness import exact_continuation_law, goodness_of_fit, sample_continuations
+from specdec.decoding.engine import SpeculativeEngine
 from specdec.drafters import LookupElseTrained, ModelDrafter, PromptLookupDrafter, build_drafter
 from specdec.drafters.base import Drafter, Proposal
 from specdec.drafters.draft_lm import DraftLMBackend
@@ -16,9 +18,7 @@ from specdec.drafters.eagle import EagleDrafter, EagleTreeDrafter
 from specdec.drafters.medusa import MedusaDrafter
 from specdec.drafters.nets import KINDS, DraftConfig, DraftNet
 from specdec.drafters.trained import load_trained_drafter
-from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
-from specdec.exactness import exact_continuation_law, goodness_of_fit, sample_continuations
 from specdec.models import load_model
 
 PROMPT = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 9, 9, 4, 5, 6, 1, 2]
@@ -199,8 +199,8 @@ def test_a_draw_over_the_draft_vocabulary_picks_what_a_draw_over_q_would():
     ascending, the same generator state gives the same token (and q is unchanged), and several
     draws at once (what the tree drafter's branches take) the same tokens. The negative control,
     the vocabulary out of order, changes tokens."""
-    from specdec.sampling import probs, sample, samples
-    from specdec.vocab_map import VocabMap
+    from specdec.decoding.sampling import probs, sample, samples
+    from specdec.drafters.vocab_map import VocabMap
 
     width, sampling = 500, SamplingParams(temperature=0.8, top_p=0.95)
     vocab = torch.randperm(width, generator=torch.Generator().manual_seed(1))[:120].sort().values
@@ -361,7 +361,7 @@ def test_specdec_verify_passes_each_kind(kind):
     drew a bonus-token PIT at p = 8e-5, inside the check's 10^-3 false-alarm rate; 11 independent
     stronger runs here, at 3 and auto, passed). Fixed, the verdict is reproducible; gamma = auto's
     exactness is tested token for token in test_coupled.py."""
-    from specdec.conformance import Settings, run_conformance
+    from specdec.conformance.check import Settings, run_conformance
 
     target = tiny_llama(MC_VOCAB, layers=2, seed=10, init=0.15)
     backend = LeanBackend(target)

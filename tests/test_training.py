@@ -12,11 +12,11 @@ import torch
 from specdec.backends import LeanBackend
 from specdec.cli import main
 from specdec.config import SamplingParams, SpecConfig
+from specdec.conformance.exactness import goodness_of_fit
+from specdec.decoding.engine import SpeculativeEngine
 from specdec.drafters.nets import KINDS
 from specdec.drafters.trained import load_trained_drafter
-from specdec.engine import SpeculativeEngine
 from specdec.errors import SpecdecError
-from specdec.exactness import goodness_of_fit
 
 
 def test_distillation_data_is_consistent(trained):
@@ -248,7 +248,7 @@ def test_held_out_prompts_are_held_out_whole():
 
 
 def test_open_questions_are_distinct_seeded_and_leave_out_the_bench():
-    from specdec.prompts import CHAT_QUESTIONS
+    from specdec.tasks.prompts import CHAT_QUESTIONS
     from specdec.training.topics import open_questions
 
     questions = open_questions(10_000)

@@ -8,10 +8,10 @@ from collections import Counter, defaultdict
 import pytest
 import torch
 
-import specdec.rejection
+import specdec.decoding.rejection
+from specdec.decoding.rejection import point_mass, verify_tree, verify_tree_greedy, walk_tree
 from specdec.drafters import Drafter
 from specdec.modeling.tree import ancestor_mask, chain, check_parents, depths
-from specdec.rejection import point_mass, verify_tree, verify_tree_greedy, walk_tree
 
 V = 4
 
@@ -173,7 +173,7 @@ def _unnormalised_residual(p, q):
 def test_each_planted_bug_breaks_the_law(monkeypatch, bug):
     """The negative control: the same enumeration catches a walk that forgets to update p' after a
     rejected child, or does not renormalise it."""
-    monkeypatch.setattr(specdec.rejection, "residual", bug)
+    monkeypatch.setattr(specdec.decoding.rejection, "residual", bug)
     law = two_token_law(list(one_level_laws("sd")), P1, P2)
     assert (law - P1[:, None] * P2).abs().max() > 1e-3
 
@@ -181,7 +181,7 @@ def test_each_planted_bug_breaks_the_law(monkeypatch, bug):
 def test_verify_tree_samples_the_law():
     """verify_tree draws its uniforms and the final token from the generator: by Monte Carlo, the
     first token of a one-level tree of two sampled children follows p (χ², 8000 rounds)."""
-    from specdec.exactness import goodness_of_fit
+    from specdec.conformance.exactness import goodness_of_fit
 
     g = torch.Generator().manual_seed(0)
     counts = Counter()
@@ -269,7 +269,7 @@ class TableTreeDrafter(Drafter):
         self.lm = lm
 
     def _q(self, sequence, sampling):
-        from specdec.sampling import probs
+        from specdec.decoding.sampling import probs
 
         logits = self.lm.table[self.lm.index(sequence)][None]
         return probs(logits, sampling if not sampling.greedy else type(sampling)(temperature=1.0))[0]
@@ -297,8 +297,8 @@ class TableTreeDrafter(Drafter):
 
 def _tree_conformance(sampling):
     from helpers import TableLM
-    from specdec.conformance import Settings, run_conformance
-    from specdec.engine import SpeculativeEngine
+    from specdec.conformance.check import Settings, run_conformance
+    from specdec.decoding.engine import SpeculativeEngine
 
     backend = TableLM(8, order=2, seed=20, eos=7, eos_bias=-2.5)
     drafter = TableTreeDrafter(TableLM(8, order=1, seed=21, scale=1.2, eos=7, eos_bias=-2.5))
@@ -320,14 +320,14 @@ def test_specdec_verify_fails_a_tree_walk_without_the_residual(monkeypatch):
     """The negative control through the whole engine: rejected children leave p' unchanged."""
     from specdec.config import SamplingParams
 
-    monkeypatch.setattr(specdec.rejection, "residual", _no_residual)
+    monkeypatch.setattr(specdec.decoding.rejection, "residual", _no_residual)
     report = _tree_conformance(SamplingParams(temperature=1.0))
     assert not report.passed, report.to_text()
 
 
 def _leaf_bonus_from_the_parent_row(p, q, tokens, parents, generator):
     """verify_tree, but a walk that reaches a leaf draws its token from the leaf's parent's row."""
-    from specdec.rejection import TreeVerdict, sample
+    from specdec.decoding.rejection import TreeVerdict, sample
 
     if q is None:
         q = point_mass(tokens, p.shape[-1])
@@ -341,10 +341,10 @@ def _leaf_bonus_from_the_parent_row(p, q, tokens, parents, generator):
 def test_specdec_verify_tests_a_tree_walk_s_bonus_tokens(monkeypatch):
     """A walk accepted down to a leaf ends with the target's own draw there, a bonus token, which the
     check tests apart; drawn from the wrong row, that test rejects."""
-    import specdec.engine
+    import specdec.decoding.engine
     from specdec.config import SamplingParams
 
-    monkeypatch.setattr(specdec.engine, "verify_tree", _leaf_bonus_from_the_parent_row)
+    monkeypatch.setattr(specdec.decoding.engine, "verify_tree", _leaf_bonus_from_the_parent_row)
     report = _tree_conformance(SamplingParams(temperature=1.0))
     bonus = next(t for c in report.checks for t in c.tests if t.name.startswith("bonus tokens"))
     assert bonus.samples > 100 and bonus.rejected, report.to_text()
@@ -359,8 +359,8 @@ def test_tree_drafters_keep_greedy_output(architecture, backend_class):
     from helpers import TableLM, tiny_gemma3, tiny_llama
     from specdec.backends import LeanBackend, TransformersBackend
     from specdec.config import SamplingParams, SpecConfig
+    from specdec.decoding.engine import SpeculativeEngine
     from specdec.drafters import NGramTable, NGramTreeDrafter, PromptLookupTreeDrafter
-    from specdec.engine import SpeculativeEngine
 
     backend_type = LeanBackend if backend_class == "lean" else TransformersBackend
     model = tiny_llama(40, seed=0) if architecture == "llama" else tiny_gemma3(40, seed=0, sliding_window=8)
@@ -474,8 +474,8 @@ def test_suffix_drafter_keeps_greedy_output_across_requests():
     from helpers import tiny_llama
     from specdec.backends import LeanBackend
     from specdec.config import SamplingParams, SpecConfig
+    from specdec.decoding.engine import SpeculativeEngine
     from specdec.drafters import SuffixDrafter
-    from specdec.engine import SpeculativeEngine
 
     model = tiny_llama(40, seed=0)
     backend, drafter = LeanBackend(model), SuffixDrafter()

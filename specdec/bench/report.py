@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .. import theory
+from ..decoding import theory
 from ..errors import SpecdecError
 
 

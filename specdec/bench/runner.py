@@ -14,13 +14,13 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .. import theory
 from ..config import SamplingParams, SpecConfig
+from ..decoding import theory
+from ..decoding.engine import SpeculativeEngine
 from ..drafters import parse_drafter
-from ..engine import SpeculativeEngine
 from ..errors import SpecdecError
 from ..plan import make_plan
-from ..prompts import TASKS, Prompt, load_prompts_file, task_prompts
+from ..tasks.prompts import TASKS, Prompt, load_prompts_file, task_prompts
 from .peers import LLAMA_SERVER_SPECS, LlamaCpp, LlamaServer, hf_generate, llama_cpp_available, llama_server_binary
 from .provenance import stamp
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..config import SpecConfig
 from ..errors import SpecdecError
-from ..prompts import TASKS
+from ..tasks.prompts import TASKS
 from .options import add_model_args, comma_list, output_directory
 
 

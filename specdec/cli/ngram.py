@@ -12,7 +12,7 @@ from .options import add_dtype, add_target, output_file
 
 def corpus_texts(name: str, limit: int, seed: int) -> list[str]:
     """Texts of a named corpus (gettext, man, stdlib) or the lines of a text file."""
-    from .. import corpus
+    from ..tasks import corpus
 
     if name == "gettext":
         messages = corpus.gettext_messages()
@@ -46,7 +46,7 @@ def fit_table(args: argparse.Namespace) -> int:
         sources.append(f"{name}:{len(texts)}")
     if args.from_target:
         from ..api import SpecDec
-        from ..prompts import task_prompts
+        from ..tasks.prompts import task_prompts
 
         sd = SpecDec(target=args.target, drafter="none", dtype=args.dtype)
         prompts = [p for task in ("chat", "summarise", "code", "translate")

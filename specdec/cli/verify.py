@@ -13,9 +13,9 @@ from .options import add_model_args, add_sampling_args, check_sampling_args
 def run(args: argparse.Namespace) -> int:
     from ..api import SpecDec
     from ..config import SamplingParams
-    from ..conformance import Settings, run_conformance
-    from ..engine import SpeculativeEngine
-    from ..prompts import load_prompts_file, task_prompts
+    from ..conformance.check import Settings, run_conformance
+    from ..decoding.engine import SpeculativeEngine
+    from ..tasks.prompts import load_prompts_file, task_prompts
 
     check_sampling_args(args)
     base = Settings.quick() if args.quick else Settings()
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    from ..conformance import Settings
+    from ..conformance.check import Settings
 
     verify = sub.add_parser("verify", help="check that speculative sampling follows the target's law (exit 1 on FAIL)")
     add_model_args(verify)

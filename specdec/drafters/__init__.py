@@ -61,7 +61,7 @@ def model_drafter(kind: str, draft: str, target, dtype, device: str, backend: st
     two vocabularies' intersection (drafters/cross_tokenizer.py)."""
     from ..backends import make_backend, target_backend
     from ..models import load_model
-    from ..vocab_map import intersect, token_bytes
+    from .vocab_map import intersect, token_bytes
 
     loaded = load_model(draft, dtype, device)
     target_width = target.model.get_output_embeddings().weight.shape[0]

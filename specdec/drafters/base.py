@@ -27,7 +27,7 @@ class Proposal:
     parents: torch.Tensor | None = None
     """(k,) for a token tree: each token's parent (-1 = the context's last token; parents come
     first). None for a chain, where token i follows token i - 1. Children of one node are tried in
-    order (specdec.rejection, token trees), so the likeliest should come first."""
+    order (specdec.decoding.rejection, token trees), so the likeliest should come first."""
     scores: torch.Tensor | None = None
     """(k,) optional: the drafter's estimate of each node's chance to be accepted (the product of
     the draft probabilities along its path, or the share of matches that continue that way); never

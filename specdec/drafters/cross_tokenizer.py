@@ -27,9 +27,9 @@ import torch
 
 from ..backends import Backend
 from ..config import SamplingParams
-from ..sampling import argmax_rows
-from ..vocab_map import Spelling, VocabMap, token_bytes
+from ..decoding.sampling import argmax_rows
 from .base import Drafter, Proposal
+from .vocab_map import Spelling, VocabMap, token_bytes
 
 WAYS = ("auto", "tli", "slem")
 RECHECK_EVERY = 16

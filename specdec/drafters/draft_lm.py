@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from ..backends import Backend
-from ..vocab_map import VocabMap
 from .nets import DraftNet
+from .vocab_map import VocabMap
 
 
 class DraftLMBackend(Backend):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from ..config import SamplingParams
+from ..decoding.sampling import coupled_draw, probs, samples
 from ..modeling.tree import TreeLayout
-from ..sampling import coupled_draw, probs, samples
 from .base import Proposal
 from .feature_heads import FeatureHeadsDrafter
 from .nets import DraftNet
@@ -87,7 +87,7 @@ class EagleTreeDrafter(EagleDrafter):
     `gamma` levels and `max_nodes` nodes; the draft net runs each level as one tree pass over its
     own cache (every node sees the context and its ancestors).
 
-    Which children a node gets keeps verification exact (specdec.rejection, token trees):
+    Which children a node gets keeps verification exact (specdec.decoding.rejection, token trees):
     - T = 0: the `branch` likeliest tokens of q (point masses; the target's argmax decides);
     - drafter-invariant sampling: the position's coupled draw from q, then the likeliest others
       (point masses; the target's own draw decides);

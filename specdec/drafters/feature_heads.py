@@ -5,9 +5,9 @@ target's token ids."""
 from __future__ import annotations
 
 from ..backends import Backend
-from ..vocab_map import VocabMap
 from .base import Drafter
 from .nets import DraftNet
+from .vocab_map import VocabMap
 
 
 class FeatureHeadsDrafter(Drafter):

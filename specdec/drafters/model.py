@@ -15,8 +15,8 @@ import torch
 
 from ..backends import Backend
 from ..config import SamplingParams
+from ..decoding.sampling import argmax_rows, draw, probs
 from ..errors import SpecdecError
-from ..sampling import argmax_rows, draw, probs
 from .base import Drafter, Proposal
 
 

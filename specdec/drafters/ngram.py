@@ -137,7 +137,7 @@ class NGramTreeDrafter(NGramDrafter):
     last level (by the product of the shares along their path) get their `branch` most frequent
     successors as children, up to gamma levels and max_nodes nodes. Children are point masses, distinct
     by construction (a context's successors are distinct tokens), so verification is exact at any
-    temperature (specdec.rejection, token trees).
+    temperature (specdec.decoding.rejection, token trees).
 
     Worked example, table fitted on [5, 6, 5, 6, 5, 7, 6, 5] (after 5: 6 twice, 7 once; after 6: 5
     three times; after 7: 6), branch=2, beam=1, gamma=2, context [..., 5]: the root's children 6 (2/3)

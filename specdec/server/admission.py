@@ -71,7 +71,7 @@ class Admission:
                     body.temperature, body.top_k, body.top_p, choice_seed(body.seed, choice), logit_bias=bias,
                     presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                     logprobs=body.logprobs_wanted())
-                # gamma="auto" drafts less as the batch fills (specdec.batching); a request's own gamma stands
+                # gamma="auto" drafts less as the batch fills (specdec.decoding.batching); a request's own gamma stands
                 request_gamma = self.gamma if body.gamma is None else body.gamma
                 spec = SpecConfig(gamma=request_gamma, max_new_tokens=max_tokens, stop_at_eos=not body.ignore_eos)
                 jobs.append(Job(prompt_ids, sampling, spec, body.stop or [], asyncio.get_running_loop()))

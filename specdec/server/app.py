@@ -34,7 +34,7 @@ def create_app(sd, model_name: str, api_key: str | None = None, max_queue: int =
                allowed_hosts: tuple[str, ...] | None = None, cors_origins: tuple[str, ...] = (), max_batch: int = 8,
                row_budget: int = 16, worker_thread: bool = True) -> FastAPI:
     """The app around a loaded SpecDec; one worker runs the model, batching up to `max_batch`
-    requests a step (see specdec.batching for row_budget and spec_off_depth): in a thread of its
+    requests a step (see specdec.decoding.batching for row_budget and spec_off_depth): in a thread of its
     own, or, with worker_thread=False, wherever the caller runs `app.state.worker.run()`."""
     metrics = ServerMetrics()
     tokenizer_lock = threading.Lock()

@@ -5,7 +5,7 @@ work made plain decoding ~1.4x slower on the EPYC (oneDNN's packed products; 16-
 23-26). Tests and embedders may start it in a thread of its own (`start()`).
 
 Each step the worker admits waiting requests while the batch has room, drops those whose client
-left, and runs one batch step (`specdec.batching`: one target pass for every running request, each
+left, and runs one batch step (`specdec.decoding.batching`: one target pass for every running request, each
 with its own drafts, cache and generator). The HTTP side talks to a job through an asyncio queue of
 events: ("text", piece), then ("done", summary), ("cancelled", None), ("error", message) or, for a
 request still queued when a shutdown's drain time ran out, ("unavailable", message). A
@@ -21,9 +21,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..batching import Batch, Member
 from ..config import SamplingParams, SpecConfig
-from ..engine import TokenLogprob
+from ..decoding.batching import Batch, Member
+from ..decoding.engine import TokenLogprob
 from ..text import TextStream
 
 

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
-from .. import corpus
 from ..models import target_identity
 from ..paths import cache_dir
-from ..prompts import CHAT_QUESTIONS
+from ..tasks import corpus
+from ..tasks.prompts import CHAT_QUESTIONS
 from .topics import open_questions
 
 SAMPLERS = ("engine", "transformers")

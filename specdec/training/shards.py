@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import SpecdecError
 from ..models import target_identity
 from ..paths import cache_dir
-from ..prompts import CHAT_QUESTIONS
+from ..tasks.prompts import CHAT_QUESTIONS
 from .data import DataRecipe, DistillData, training_prompts
 from .topics import open_questions
 

@@ -2,7 +2,7 @@
 
 The machine's text (man pages, gettext messages, the standard library) yields technical prompts;
 open chat needs everyday questions too. The topics of the benchmark's chat prompts
-(`specdec.prompts.CHAT_QUESTIONS`) are left out, so those stay unseen by this data. They are built
+(`specdec.tasks.prompts.CHAT_QUESTIONS`) are left out, so those stay unseen by this data. They are built
 from short topic lists and question templates that fit each list, seeded, so several thousand
 distinct prompts come from a page of text.
 """

@@ -8,7 +8,7 @@ speedup is measured against.
 
 A generation is written as a coroutine over the target: where it needs a pass it yields a `Pass`
 (a sequence and the rows to add) and reads the logits once whoever drives it has run it. A
-`Generation` runs its passes one by one; `specdec.batching` runs the passes of many generations
+`Generation` runs its passes one by one; `specdec.decoding.batching` runs the passes of many generations
 together, one target pass for all (continuous batching). Either way the decoding logic is this
 module's, so a batched generation verifies exactly as a lone one.
 
@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .backends import Backend, Step
-from .config import SamplingParams, SpecConfig
-from .drafters.base import Drafter, Proposal
-from .errors import SpecdecError
+from ..backends import Backend, Step
+from ..config import SamplingParams, SpecConfig
+from ..drafters.base import Drafter, Proposal
+from ..errors import SpecdecError
+from ..modeling.tree import ancestor_mask, depths
 from .gamma import GammaPolicy, RoundHistory
 from .metrics import GenerationStats
-from .modeling.tree import ancestor_mask, depths
 from .rejection import TreeVerdict, Verdict, verify, verify_greedy, verify_tree, verify_tree_greedy
 from .sampling import adjust, argmax_rows, coupled_draw, new_generator, probs, row_counts
 
@@ -194,7 +194,7 @@ class SpeculativeEngine:
             raise SpecdecError(
                 "another generation on this model is still running (its KV cache holds that sequence): "
                 "finish it, or close() it, before starting the next; for concurrent generations use "
-                "specdec.batching.Batch (or one engine per model copy)")
+                "specdec.decoding.batching.Batch (or one engine per model copy)")
 
     @staticmethod
     def _coupled_draws(p: torch.Tensor, draft: torch.Tensor, sampling: SamplingParams, length: int) -> torch.Tensor:

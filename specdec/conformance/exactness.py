@@ -264,7 +264,7 @@ def sample_continuations(engine, prompt_ids: list[int], k: int, sampling, gamma,
     `runs_sink` receives (tokens of the finished rounds, stats) of each generation."""
     from dataclasses import replace
 
-    from .config import SpecConfig
+    from ..config import SpecConfig
 
     extra = gamma if isinstance(gamma, int) else 16
     spec = SpecConfig(gamma=gamma, max_new_tokens=k + extra)
@@ -289,7 +289,7 @@ def sample_continuations(engine, prompt_ids: list[int], k: int, sampling, gamma,
 def exact_continuation_law(model, prompt_ids: list[int], k: int, sampling, vocab_limit: int = 4096) -> dict:
     """The target's exact law of its k-token continuation, by enumeration (small vocabularies only:
     vocab^(k-1) sequences are scored)."""
-    from .sampling import probs
+    from ..decoding.sampling import probs
 
     vocab = model.get_output_embeddings().weight.shape[0]
     if vocab ** (k - 1) > vocab_limit:

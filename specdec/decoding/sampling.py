@@ -16,7 +16,7 @@ import functools
 import numpy as np
 import torch
 
-from .config import SamplingParams
+from ..config import SamplingParams
 
 
 def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .backends import Backend
-from .config import SamplingParams, SpecConfig
-from .drafters.base import Drafter
+from ..backends import Backend
+from ..config import SamplingParams, SpecConfig
+from ..drafters.base import Drafter
+from ..errors import SpecdecError
 from .engine import Limits, Pass, Rounds, SpeculativeEngine, TokenLogprob
-from .errors import SpecdecError
 from .metrics import GenerationStats
 
 

@@ -19,8 +19,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import SpecdecError
 from . import corpus
-from .errors import SpecdecError
 
 TASKS = ("translate", "summarise", "code", "chat", "code-edit", "multi-turn")
 

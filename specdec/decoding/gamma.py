@@ -42,8 +42,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..config import SpecConfig
 from . import theory
-from .config import SpecConfig
 
 Acceptance = list  # per depth - 1: [accepted, tested] (floats)
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .config import SamplingParams, SpecConfig
+from ..config import SamplingParams, SpecConfig
+from ..decoding.sampling import position_noise, probs
 from .exactness import (
     StatTest,
     acceptance_z,
@@ -44,7 +45,6 @@ from .exactness import (
     sample_continuations,
     uniformity,
 )
-from .sampling import position_noise, probs
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,8 @@ from typing import NamedTuple
 
 import torch
 
-from .config import SamplingParams
-from .sampling import argmax_rows, draw, probs, sample
+from ..config import SamplingParams
+from ..decoding.sampling import argmax_rows, draw, probs, sample
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,1 @@
+"""`specdec verify`: the conformance check of exactness (check.py) and its statistics (exactness.py)."""
