@@ -18,8 +18,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def bigram(builtin_model):
-    from specdec import corpus
     from specdec.models import tokenizer_fingerprint
+    from specdec.tasks import corpus
 
     tok = builtin_model.tokenizer
     texts = [m.english + " " + m.german for m in corpus.gettext_messages()[:3000]]

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from specdec import theory
 from specdec.config import SpecConfig
+from specdec.decoding import theory
 from specdec.decoding.gamma import GammaPolicy, RoundHistory
 
 

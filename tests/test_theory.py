@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec import theory
+from specdec.decoding import theory
 
 # Table 1 (c = ĉ = 0): α, γ -> operations factor, walltime speedup, as printed in the paper.
 TABLE_1 = [(0.6, 2, 1.53, 1.96), (0.7, 3, 1.58, 2.53), (0.8, 2, 1.23, 2.44), (0.8, 5, 1.63, 3.69),
