@@ -9,7 +9,7 @@ from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from ..modeling.extension import cpu_flags
+from ..modeling.extension import cpu_flags, cpuinfo_field
 
 ISA = (("amx_int8", "AMX-INT8"), ("amx_bf16", "AMX-BF16"), ("avx512_vnni", "AVX-512 VNNI"),
        ("avx512_bf16", "AVX-512 BF16"), ("avx2", "AVX2"))
@@ -27,13 +27,7 @@ def cpu_kind(model_name: str | None = None, flags: set[str] | None = None) -> st
 
 
 def _model_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return " ".join(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return "unknown CPU"
+    return " ".join((cpuinfo_field("model name") or "unknown CPU").split())
 
 
 @cache

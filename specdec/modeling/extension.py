@@ -24,14 +24,19 @@ import torch
 from ..paths import cache_dir
 
 
-def cpu_flags() -> set[str]:
+def cpuinfo_field(name: str) -> str | None:
+    """The first CPU's `name` line of /proc/cpuinfo ("flags", "model name"), or None where there is none."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+            if line.startswith(name):
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return set()
+    return None
+
+
+def cpu_flags() -> set[str]:
+    return set((cpuinfo_field("flags") or "").split())
 
 
 class Extension:
