@@ -155,3 +155,31 @@ def test_sigterm_during_sampling_keeps_every_finished_shard(tiny_dirs, tmp_path)
     listed = {e["name"] for e in read_manifest(data)["shards"]}
     assert listed and listed == {p.name for p in data.glob("shard-*.npz")} and not list(data.glob("*.tmp"))
     assert not (tmp_path / "d" / "model.safetensors").exists()
+
+
+def test_second_turns_continue_sampled_chats_but_never_held_out_ones(tiny_dirs):
+    """Once the first turns are used up the pool goes on with conversations: a sampled chat's question,
+    the target's own answer and a follow-up (a request to go on after an answer cut at the limit), and
+    none built on an answer training holds out; then code edits of the standard library's methods."""
+    from specdec.training.train import held_out_sequences
+
+    target = load_model(str(tiny_dirs["chat"]), "float32")
+    questions = [text for task, text in shards.prompt_pool(0) if task == "chat"][:40]
+    eos = sorted(target.eos_token_ids)[0]
+    answer = target.encode("A short answer.", chat=False)
+    done = Sequences([target.encode(q)[-320:] for q in questions], [answer + [eos] if i % 2 else answer for i in range(40)],
+                     ["chat"] * 40, [0.0] * 40)
+    made = shards.follow_ups(target, done, [("chat", q) for q in questions], shards.random.Random(0))
+    held = held_out_sequences([tuple(p) for p in done.prompts])
+    assert len(made) == 40 - len(held) and held
+    firsts = [m[0]["content"] for _, m in made]
+    assert not {questions[h] for h in held} & set(firsts)
+    for _, (user, assistant, follow) in made:
+        i = questions.index(user["content"])
+        assert assistant["role"] == "assistant" and "short answer" in assistant["content"]
+        assert follow["content"] in (shards.FOLLOW_UPS if i % 2 else shards.CONTINUE)
+    pool = list(shards.prompt_pool(0, target, done))
+    later = pool[pool.index(next(p for p in pool if isinstance(p[1], list))):]
+    assert {task for task, _ in later} == {"chat", "code"} and "```python" in later[1][1]
+    fresh = shards.fresh_prompts(target, iter(later), set(), 4, 320)
+    assert len(fresh) == 4 and all(ids for _, ids in fresh)

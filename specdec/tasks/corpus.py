@@ -140,3 +140,40 @@ def _stdlib_functions(min_lines: int, max_lines: int, limit_files: int | None) -
                 if min_lines <= n <= max_lines:
                     out.append((f"{path.stem}.{node.name}", "\n".join(lines[node.lineno - 1 : node.end_lineno])))
     return tuple(out)
+
+
+def stdlib_methods(min_lines: int = 5, max_lines: int = 25) -> list[tuple[str, str]]:
+    """(module.Class.method, dedented source) for the public methods of the top-level classes of the
+    standard library's modules and packages (its tests, idlelib and lib2to3 left out), parsed once a
+    process: what stdlib_functions does not reach."""
+    return list(_stdlib_methods(min_lines, max_lines))
+
+
+@functools.lru_cache(maxsize=2)
+def _stdlib_methods(min_lines: int, max_lines: int) -> tuple[tuple[str, str], ...]:
+    import textwrap
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"test", "tests", "idlelib", "lib2to3", "site-packages", "dist-packages", "turtledemo", "ensurepip"}
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        if any(p in skip or p.startswith("_") for p in parts):
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = source.splitlines()
+        module = ".".join(parts)[: -len(".py")]
+        for node in tree.body:
+            if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
+                continue
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and not item.name.startswith("_"):
+                    n = item.end_lineno - item.lineno + 1
+                    if min_lines <= n <= max_lines:
+                        text = textwrap.dedent("\n".join(lines[item.lineno - 1 : item.end_lineno]))
+                        out.append((f"{module}.{node.name}.{item.name}", text))
+    return tuple(out)

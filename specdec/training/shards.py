@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -28,9 +29,11 @@ import numpy as np
 from ..errors import SpecdecError
 from ..models import target_identity
 from ..paths import cache_dir
+from ..tasks import corpus
 from ..tasks.prompts import CHAT_QUESTIONS
 from .data import DataRecipe, DistillData, training_prompts
 from .topics import open_questions
+from .train import held_out_sequences
 
 MANIFEST = "manifest.json"
 SHARD_SEQUENCES = 64
@@ -139,14 +142,63 @@ def _prompt_key(ids: list[int]) -> str:
     return hashlib.sha1(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()
 
 
-def prompt_pool(seed: int = 0):
-    """Every prompt the machine's text gives, as (task, text), seeded: everyday chat questions
-    (training.topics) alternating with the task mix (chat about commands and messages, translation,
-    summaries, code; training.data.training_prompts) while both last, then the rest of either."""
+FOLLOW_UPS = ("Can you give me a concrete example?", "Can you explain that more simply?",
+              "Summarise that in one sentence.", "Can you put the main points in a short list?", "Why is that?",
+              "What is the most important thing to remember from this?", "Can you make it shorter?",
+              "What do people often get wrong about this?", "How would you explain this to a child?",
+              "Thanks! What should I try next?")
+CONTINUE = ("Please go on.", "Continue, please.", "And then?")
+"""Second turns: a follow-up question after an answer that ended by itself, a request to go on after
+one that reached the length limit."""
+CODE_EDITS = ("Rewrite this Python method with type hints, keeping its behaviour the same:",
+              "Explain what this Python method does:", "Add a docstring to this Python method:",
+              "Write a unit test for this Python method:", "Find a possible bug in this Python method, or say why "
+              "there is none:")
+
+
+def prompt_pool(seed: int = 0, target=None, done: Sequences | None = None, max_prompt_tokens: int = 320):
+    """Every prompt the machine's text gives, as (task, text or chat messages), seeded: everyday chat
+    questions (training.topics) alternating with the task mix (chat about commands and messages,
+    translation, summaries, code; training.data.training_prompts) while both last, then the rest of
+    either; then, alternating, second turns of the chats in `done` (see follow_ups; only with `target`)
+    and edits of the standard library's methods (tasks.corpus.stdlib_methods)."""
     chat = [("chat", q) for q in open_questions(1 << 20, seed, exclude=set(CHAT_QUESTIONS))]
     tasks = training_prompts(8000, seed)
     for i in range(max(len(chat), len(tasks))):
         yield from ([chat[i]] if i < len(chat) else []) + ([tasks[i]] if i < len(tasks) else [])
+    rng = random.Random(f"more-prompts:{seed}")
+    second = [] if target is None or done is None else follow_ups(target, done, chat + tasks, rng, max_prompt_tokens)
+    methods = corpus.stdlib_methods(5, 25)
+    rng.shuffle(methods)
+    code = [("code", f"{rng.choice(CODE_EDITS)}\n\n```python\n{source}\n```") for _, source in methods]
+    for i in range(max(len(second), len(code))):
+        yield from ([second[i]] if i < len(second) else []) + ([code[i]] if i < len(code) else [])
+
+
+def follow_ups(target, done: Sequences, first_turns: list[tuple[str, str]], rng: random.Random,
+               max_prompt_tokens: int = 320) -> list[tuple[str, list[dict]]]:
+    """("chat", messages) for each chat sequence of `done` whose question is among `first_turns` and
+    which training does not hold out (train.held_out_sequences: its answer must stay unseen): the
+    question, the target's own answer, and a follow-up (FOLLOW_UPS, or CONTINUE after an answer cut
+    at the length limit), seeded."""
+    text_of = {}
+    for task, text in first_turns:
+        if task == "chat":
+            text_of.setdefault(_prompt_key(target.encode(text)[-max_prompt_tokens:]), text)
+    held = set(held_out_sequences([tuple(p) for p in done.prompts]))
+    eos = target.eos_token_ids
+    out = []
+    for s, (prompt, answer, task) in enumerate(zip(done.prompts, done.answers, done.tasks)):
+        question = text_of.get(_prompt_key(prompt))
+        if task != "chat" or s in held or question is None or not answer:
+            continue
+        ended = answer[-1] in eos
+        reply = target.tokenizer.decode([t for t in answer if t not in eos], skip_special_tokens=True).strip()
+        if reply:
+            turn = rng.choice(FOLLOW_UPS if ended else CONTINUE)
+            out.append(("chat", [{"role": "user", "content": question}, {"role": "assistant", "content": reply},
+                                 {"role": "user", "content": turn}]))
+    return out
 
 
 def fresh_prompts(target, pool, used: set[str], count: int, max_prompt_tokens: int) -> list[tuple[str, list[int]]]:
@@ -179,7 +231,7 @@ def sample_shards(target, backend, folder: str | Path, deadline: float, should_s
     used = {_prompt_key(p) for p in done.prompts}
     recipe = DataRecipe(max_new_tokens=max_new_tokens, batch=batch, temperatures=TEMPERATURES, topk=TOPK,
                         aux_layers=tuple(aux_layers), sampler="engine" if backend is not None else "transformers")
-    names, pool = [], prompt_pool(seed)
+    names, pool = [], prompt_pool(seed, target, done, recipe.max_prompt_tokens)
     while time.monotonic() < deadline and not should_stop():
         chosen = fresh_prompts(target, pool, used, SHARD_SEQUENCES, recipe.max_prompt_tokens)
         if not chosen:
@@ -198,9 +250,10 @@ def sample_shards(target, backend, folder: str | Path, deadline: float, should_s
         settings = {"max_new_tokens": max_new_tokens, "max_prompt_tokens": recipe.max_prompt_tokens,
                     "temperatures": list(TEMPERATURES), "seed": shard_seed,
                     "sampled_on": backend.path if backend is not None else "transformers"}
-        sources = {"chat": f"training.topics.open_questions (seed {seed})",
+        sources = {"chat": f"training.topics.open_questions (seed {seed}); second turns of sampled chats "
+                           "(training.shards.follow_ups)",
                    "tasks": f"training.data.training_prompts (seed {seed}): man pages, gettext catalogs, the "
-                            "standard library's source"}
+                            "standard library's source; its classes' methods (tasks.corpus.stdlib_methods)"}
         name = write_shard(folder, sequences, identity, settings, sources)
         data.save(_teacher_cache(folder, name, identity, aux_layers))
         names.append(name)
