@@ -8,8 +8,11 @@
    abandoned by its client): lost, crossed and hung requests, and every answer compared with the
    same request run alone on an idle server.
 
-    .venv/bin/python scripts/bench_serve.py [--port 8766] [--max-batch 8] [--row-budget 16] [--weights auto]
-        [--temperature 0] [--out docs/results/serve-load.txt]
+3. What a launch costs: seconds from starting the process until /health answers, and the server's
+   resident memory (peak and now) after the load, against the target file's size.
+
+    .venv/bin/python scripts/bench_serve.py [--target smollm2-135m|FILE.gguf] [--clients 1,4,8] [--port 8766]
+        [--max-batch 8] [--row-budget 16] [--weights auto] [--temperature 0] [--mixed 200] [--out FILE]
 """
 
 import argparse
@@ -31,16 +34,24 @@ from specdec.tasks.prompts import task_prompts
 MODEL = "smollm2-135m"
 
 
-def wait_ready(base: str, proc) -> None:
-    for _ in range(600):
+def wait_ready(base: str, proc) -> float:
+    """Seconds until /health answers."""
+    start = time.perf_counter()
+    for _ in range(3000):
         if proc.poll() is not None:
             sys.exit("server exited")
         try:
             if httpx.get(base + "/health", timeout=1).status_code == 200:
-                return
+                return time.perf_counter() - start
         except httpx.HTTPError:
-            time.sleep(0.5)
+            time.sleep(0.1)
     sys.exit("server did not start")
+
+
+def resident_mb(pid: int) -> dict:
+    """The process's resident memory now and at its peak (VmRSS, VmHWM), MB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return {key: int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM")}
 
 
 def percentile(values, q):
@@ -133,7 +144,10 @@ def mixed_load(base: str, prompts: list[str], clients: int, total: int, seed: in
 
 
 def main() -> None:
+    global MODEL
     parser = argparse.ArgumentParser()
+    parser.add_argument("--target", default=MODEL, help="the server's --target: a built-in name or a .gguf file")
+    parser.add_argument("--clients", default="1,4,8", help="the concurrent client counts to measure")
     parser.add_argument("--port", type=int, default=8766)
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--row-budget", type=int, default=16)
@@ -143,8 +157,11 @@ def main() -> None:
     parser.add_argument("--weights", default="auto", help="the server's --weights (float: bf16 on the tiles with AMX)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    MODEL = args.target
+    clients_list = [int(c) for c in args.clients.split(",")]
     base = f"http://127.0.0.1:{args.port}"
-    proc = subprocess.Popen([sys.executable, "-m", "specdec", "serve", "--port", str(args.port), "--max-queue", "64",
+    proc = subprocess.Popen([sys.executable, "-m", "specdec", "serve", "--target", args.target, "--port", str(args.port),
+                             "--served-model-name", MODEL, "--max-queue", "64",
                              "--max-batch", str(args.max_batch), "--row-budget", str(args.row_budget),
                              "--weights", args.weights])
     lines = []
@@ -154,7 +171,10 @@ def main() -> None:
         lines.append(line)
 
     try:
-        wait_ready(base, proc)
+        ready = wait_ready(base, proc)
+        size = Path(args.target).stat().st_size / 1e6 if Path(args.target).is_file() else None
+        say(f"launch: /health answered {ready:.1f} s after the process started"
+            + (f"; target file {size:.0f} MB" if size else ""))
         tasks = ("code", "summarise", "translate", "chat")
         prompts = [p.text for task in tasks for p in task_prompts(task, args.prompts, seed=7)]
         stream_chat(OpenAI(base_url=base + "/v1", api_key="unused"), prompts[0], "auto", 8)  # warm-up
@@ -164,7 +184,7 @@ def main() -> None:
             "| p50 time per output token | p50 TTFT |")
         say("|---|---|---|---|---|---|---|---|")
         one = plain = None
-        for clients, gamma in ((1, 0), (1, "auto"), (4, 0), (4, "auto"), (8, 0), (8, "auto")):
+        for clients, gamma in [(c, g) for c in clients_list for g in (0, "auto")]:
             r = throughput(base, prompts, clients, gamma, args.temperature)
             if clients == 1:
                 one, plain = (r, plain) if gamma == "auto" else (one, r)
@@ -178,6 +198,9 @@ def main() -> None:
                 f"abandoned after 0.3 s) in {m['seconds']:.0f} s: ok {m['ok']}, abandoned {m['abandoned']}, "
                 f"lost {m['lost']}, crossed (differs from the same request alone) {m['crossed']}, hung {m['hung']}; "
                 f"queue depth afterwards {m['queue_depth_after']}")
+        memory = resident_mb(proc.pid)
+        say(f"\nresident memory after the load: {memory['VmRSS']:.0f} MB now, {memory['VmHWM']:.0f} MB at the peak"
+            + (f" ({memory['VmHWM'] / size:.2f}x the file)" if size else ""))
     finally:
         proc.terminate()
         proc.wait(timeout=30)

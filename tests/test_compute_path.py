@@ -42,3 +42,12 @@ def test_int8_blocks_are_repacked_for_this_cpu_unless_asked_not_to():
     assert path.repacked_for == quant.packed_isa()
     assert choose_path("llama", torch.float32, CPU, blocks="gguf", int8=True, repack=False).repacked_for is None
     assert choose_path("llama", torch.float32, CPU, blocks="gguf").repacked_for is None  # float32 activations
+
+
+@pytest.mark.skipif(quant.load() is None, reason="quant.cpp does not run here (needs AVX2, FMA and F16C)")
+def test_the_kv_cache_is_float16_with_int8_activations_only(monkeypatch):
+    assert choose_path("llama", torch.float32, CPU, blocks="gguf", int8=True).half_cache
+    assert not choose_path("llama", torch.float32, CPU, blocks="gguf").half_cache  # the float model's arithmetic
+    assert not choose_path("llama", torch.float32, CPU, blocks="gguf", int8=True, half_cache=False).half_cache
+    monkeypatch.setenv("SPECDEC_KV_CACHE", "f32")
+    assert not choose_path("llama", torch.float32, CPU, blocks="gguf", int8=True).half_cache

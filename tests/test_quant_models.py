@@ -124,17 +124,20 @@ def test_a_trees_accepted_path_scores_what_plain_decoding_scores_to_the_bit(kern
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen2", "qwen3"])
-def test_a_layer_in_one_call_is_the_layer_as_ops_to_the_bit(kernels, arch):
+@pytest.mark.parametrize("int8", [False, True], ids=["float-activations", "int8-activations"])
+def test_a_layer_in_one_call_is_the_layer_as_ops_to_the_bit(kernels, arch, int8):
     """quant.cpp's layer_step (a whole layer of one sequence in one call) against layer_aten with
     rowops.cpp: equal logits, bit for bit, for a chunk of 14 positions, one position, a chain and a tree,
-    past Gemma's sliding window; so passes may take either."""
+    past Gemma's sliding window; so passes may take either. With int8 activations the KV cache is
+    float16 (llama.cpp's), with float32 ones float32."""
     from specdec.modeling.tree import TreeLayout
 
     model = tiny(arch)
     weights = quantised_twin(model, ALL_Q4_1)
-    one_call, as_ops = LeanBackend(model, gguf=weights), LeanBackend(model, gguf=weights)
+    one_call, as_ops = (LeanBackend(model, gguf=weights, int8_activations=int8) for _ in range(2))
     as_ops.decoder.layer_step = None
     assert one_call.decoder.layer_step is not None
+    assert one_call.cache.dtype == (torch.float16 if int8 else torch.float32)
     ids = torch.randint(0, 40, (30,), generator=torch.Generator().manual_seed(1))
     for backend in (one_call, as_ops):
         backend.reset()

@@ -94,15 +94,18 @@ def _reference_attention(q, keys, values, visible, scale):
 
 @pytest.mark.parametrize("head_dim,n_heads,n_kv", [(64, 6, 2), (256, 4, 1), (96, 2, 2)])
 @pytest.mark.parametrize("layout", ["causal", "window", "tree"])
-def test_attend_is_softmax_attention_and_a_query_alone_scores_the_same(rows, head_dim, n_heads, n_kv, layout):
-    """attend writes the new keys and values into the cache and attends causally (or as a mask says)
-    over it; a query's output is the same to the bit alone as in a block of 37 (blocks of 16 queries,
-    chunks of keys), and on AVX-512 lanes as on AVX2 ones."""
+@pytest.mark.parametrize("cache", [torch.float32, torch.float16], ids=["f32-cache", "f16-cache"])
+def test_attend_is_softmax_attention_and_a_query_alone_scores_the_same(rows, head_dim, n_heads, n_kv, layout, cache):
+    """attend writes the new keys and values into the cache (float32, or float16 rounded as torch's
+    .half() rounds) and attends causally (or as a mask says) over what the cache holds; a query's output
+    is the same to the bit alone as in a block of 37 (blocks of 16 queries, chunks of keys), and on
+    AVX-512 lanes as on AVX2 ones."""
     g = torch.Generator().manual_seed(head_dim + len(layout))
     start, t, capacity = 150, 37, 256
     q = torch.randn(1, n_heads, t, head_dim, generator=g)
     k, v = torch.randn(1, n_kv, t, head_dim, generator=g), torch.randn(1, n_kv, t, head_dim, generator=g)
-    k_cache, v_cache = torch.randn(n_kv, capacity, head_dim, generator=g), torch.randn(n_kv, capacity, head_dim, generator=g)
+    k_cache = torch.randn(n_kv, capacity, head_dim, generator=g).to(cache)
+    v_cache = torch.randn(n_kv, capacity, head_dim, generator=g).to(cache)
     lo = 20 if layout == "window" else 0
     q_pos, k_pos = torch.arange(start, start + t)[:, None], torch.arange(lo, start + t)[None]
     visible = k_pos <= q_pos
@@ -113,8 +116,10 @@ def test_attend_is_softmax_attention_and_a_query_alone_scores_the_same(rows, hea
         visible[:, start - lo:] |= torch.eye(t, dtype=torch.bool)
     scale = head_dim**-0.5
     out = rows.attend(q, k, v, k_cache, v_cache, start, lo, visible, scale)
-    assert torch.equal(k_cache[:, start : start + t], k[0]) and torch.equal(v_cache[:, start : start + t], v[0])
-    want = _reference_attention(q[0], k_cache[:, lo : start + t], v_cache[:, lo : start + t], visible, scale)
+    assert torch.equal(k_cache[:, start : start + t], k[0].to(cache))
+    assert torch.equal(v_cache[:, start : start + t], v[0].to(cache))
+    want = _reference_attention(q[0], k_cache[:, lo : start + t].float(), v_cache[:, lo : start + t].float(), visible,
+                                scale)
     torch.testing.assert_close(out[0], want, rtol=1e-5, atol=2e-6)
     for i in (0, 15, 16, 36):  # a query alone (the cache already holds every new key)
         end = start + i + 1

@@ -8,11 +8,13 @@ in one place.
                                CPU and kernel grant them (`tiles`)
   blocks (GGUF, Q8_0, Q4_0)    quant.cpp on float32 activations, or on int8 activations (`int8`): then
                                repacked at load for the CPU's int8 products (`repacked_for`: AVX2,
-                               AVX-512 VNNI, AMX-INT8 for many rows)
+                               AVX-512 VNNI, AMX-INT8 for many rows), and then with the KV cache in
+                               float16 (`half_cache`), as llama.cpp keeps it
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +44,10 @@ class ComputePath:
     repacked_for: str | None = None
     """The int8 products the blocks are repacked for at load: "amx" (AMX-INT8 for many rows, AVX-512 VNNI
     for few), "vnni" or "avx2"; None: the file's own layout (quant.cpp's AVX2 products on it)."""
+    half_cache: bool = False
+    """The KV cache holds float16 (llama.cpp's default) instead of the model's dtype: half the memory, and
+    half the bytes a step reads a position of context. Taken with int8 activations, the path that already
+    trades the float model's exact arithmetic for speed; float32 activations keep a float32 cache."""
 
     @property
     def label(self) -> str:
@@ -54,11 +60,12 @@ class ComputePath:
 
 def choose_path(model_type: str, dtype: torch.dtype, device: torch.device, blocks: str | None = None,
                 int8: bool = False, use_kernels: bool = True, use_tiles: bool = True,
-                repack: bool = True) -> ComputePath:
+                repack: bool = True, half_cache: bool = True) -> ComputePath:
     """The path a model of `model_type` in `dtype` on `device` runs on here, its linear layers on `blocks`
-    (None: its float weights) times int8 activations where `int8`. use_kernels, use_tiles and repack turn
-    kernels.cpp, its AMX tiles and the int8 repacking off (to compare paths); SPECDEC_KERNELS=0,
-    SPECDEC_TILES=0 and SPECDEC_QUANT_PACKED=0 do the same from outside. A SpecdecError says what stands
+    (None: its float weights) times int8 activations where `int8`. use_kernels, use_tiles, repack and
+    half_cache turn kernels.cpp, its AMX tiles, the int8 repacking and the float16 KV cache off (to compare
+    paths); SPECDEC_KERNELS=0, SPECDEC_TILES=0, SPECDEC_QUANT_PACKED=0 and SPECDEC_KV_CACHE=f32 do the
+    same from outside. A SpecdecError says what stands
     in the way of blocks that cannot run here."""
     on_cpu = device.type == "cpu"
     if blocks is not None:
@@ -67,7 +74,9 @@ def choose_path(model_type: str, dtype: torch.dtype, device: torch.device, block
         if quant.load() is None:
             raise SpecdecError(f"the GGUF kernels cannot run here: {quant.unavailable_reason()}")
         repacked_for = quant.packed_isa() if int8 and repack else None
-        return ComputePath(packed=can_pack(dtype), blocks=blocks, int8=int8, repacked_for=repacked_for)
+        half = int8 and half_cache and os.environ.get("SPECDEC_KV_CACHE", "").lower() not in ("f32", "float32")
+        return ComputePath(packed=can_pack(dtype), blocks=blocks, int8=int8, repacked_for=repacked_for,
+                           half_cache=half)
     kern = (kernels.load() if dtype == torch.bfloat16 and on_cpu and use_kernels and model_type in ON_KERNELS
             else None)
     if kern is not None:

@@ -151,7 +151,8 @@ class LeanBackend(Backend):
             step = quant.layer_step(self.arch, layers, compute.int8)
         rows = rowops.load() if self.dtype == torch.float32 and self.device.type == "cpu" else None
         self.decoder = Decoder(self.arch, layers, rope, linear, kern, rows, step,
-                               kernel_rows=None if self.tiles else KERNEL_ROWS)
+                               kernel_rows=None if self.tiles else KERNEL_ROWS,
+                               cache_dtype=torch.float16 if compute.half_cache and rows is not None else None)
         self.cache = self.decoder.new_cache(self.max_length)
         self._release_file_pages()
         if self.gguf is not None:
@@ -179,14 +180,19 @@ class LeanBackend(Backend):
             if self._pack_int8:
                 kernels = {"amx": "AVX-512 VNNI, AMX-INT8 for many rows", "vnni": "AVX-512 VNNI",
                            "avx2": "AVX2"}[self.compute.repacked_for]
-                return f"{self._blocks_named()} x int8 activations on quant.cpp ({kernels}; {share:.0%} of the weights)"
+                return (f"{self._blocks_named()} x int8 activations on quant.cpp ({kernels}; {share:.0%} of the "
+                        f"weights){self._cache_named()}")
             activations = "int8" if self.compute.int8 else "float32"
-            return f"{self._blocks_named()} x {activations} activations on quant.cpp ({share:.0%} of the weights)"
+            return (f"{self._blocks_named()} x {activations} activations on quant.cpp ({share:.0%} of the weights)"
+                    f"{self._cache_named()}")
         if self.tiles:
             return "kernels.cpp (AMX tiles)"
         if self.kernels is not None and rows <= KERNEL_ROWS:
             return "kernels.cpp"
         return "oneDNN (pre-packed)" if self.packed else "ATen"
+
+    def _cache_named(self) -> str:
+        return "; KV cache float16" if self.decoder.cache_dtype == torch.float16 else ""
 
     def _blocks_named(self) -> str:
         if isinstance(self.gguf, QuantisedWeights):

@@ -286,14 +286,17 @@ class Decoder:
     when the weights are AMX tiles), on ATen otherwise."""
 
     def __init__(self, arch: Arch, layers: list[LayerWeights], rope: RopeTable, linear: Linear = F.linear,
-                 kernels=None, rows=None, layer_step: LayerSteps | None = None, kernel_rows: int | None = KERNEL_ROWS):
+                 kernels=None, rows=None, layer_step: LayerSteps | None = None, kernel_rows: int | None = KERNEL_ROWS,
+                 cache_dtype: torch.dtype | None = None):
         """kernels: kernels.cpp (bf16 steps); rows: rowops.cpp (float32 norms and RoPE on ATen passes);
         layer_step: every layer of a pass of one or more sequences in one call with layer_aten's
         arithmetic to the bit (quant.layer_step, on GGUF blocks), taken for every float32 pass it can run;
         kernel_rows: the most rows a pass takes to the kernels (None: any, for weights on AMX tiles,
-        whose cost hardly grows with the rows and whose numbers do not depend on them)."""
+        whose cost hardly grows with the rows and whose numbers do not depend on them); cache_dtype: what
+        the KV cache holds (None: the model's dtype; float16 beside float32 passes, read by rowops.cpp)."""
         self.arch, self.layers, self.rope, self.linear, self.kernels = arch, layers, rope, linear, kernels
         self.rows = rows
+        self.cache_dtype = cache_dtype or rope.dtype
         self.layer_step = layer_step if rows is not None else None
         self.kernel_rows = kernel_rows
         # the RoPE tables and attention windows the layers use, each once, and which each layer takes
@@ -305,7 +308,7 @@ class Decoder:
             self.layer_step.set_layout(self._rope_of, self._window_of)
 
     def new_cache(self, max_length: int | None = None) -> KVCache:
-        return KVCache(len(self.layers), self.arch.n_kv, self.arch.head_dim, self.rope.dtype, self.rope.device,
+        return KVCache(len(self.layers), self.arch.n_kv, self.arch.head_dim, self.cache_dtype, self.rope.device,
                        max_length)
 
     def on_kernels(self, h: torch.Tensor) -> bool:
@@ -403,8 +406,8 @@ class Decoder:
         ancestors. The mask is built once per segment, window size and pass."""
         cache, start, end = segment.cache, segment.start, segment.end
         lo, mask = visible_slots(segment, window, masks, key)
-        rows = (self.rows if self.rows is not None and cache.k[index].dtype == torch.float32 and not segment.prompt
-                else None)
+        on_rows = cache.k[index].dtype in (torch.float32, torch.float16)
+        rows = self.rows if self.rows is not None and on_rows and not segment.prompt else None
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             if rows is not None and q.shape[-1] % 8 == 0:  # the cache writes and attention in one call
@@ -414,6 +417,8 @@ class Decoder:
             cache.k[index][:, start:end] = k[0]
             cache.v[index][:, start:end] = v[0]
             keys, values = cache.k[index][None, :, lo:end], cache.v[index][None, :, lo:end]
+            if keys.dtype != q.dtype:  # a float16 cache beside float32 passes: what it holds, widened
+                keys, values = keys.to(q.dtype), values.to(q.dtype)
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.arch.scale,
                                                   enable_gqa=self.arch.n_kv != self.arch.n_heads)
         return attend

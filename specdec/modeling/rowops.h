@@ -10,10 +10,11 @@
 //              float32 RMSNorm);
 //   qk_rope_   in place on a fused QKV block: Gemma's per-head q/k RMSNorms, then RoPE on every q and
 //              k head (x cos + rotate_half(x) sin, sin holding rotate_half's sign);
-//   attend     one sequence's attention over its KV cache: write the new keys and values, then for
-//              each query and head softmax(q k^T scale) v over the keys a boolean mask allows (causal,
-//              sliding window, a token tree's ancestors), grouped KV heads; replaces the cache
-//              writes, slices and SDPA call (~40 us a layer for one query);
+//   attend     one sequence's attention over its KV cache (float32, or float16 as llama.cpp keeps it: half
+//              the bytes a step reads a position): write the new keys and values, then for each query
+//              and head softmax(q k^T scale) v over the keys a boolean mask allows (causal, sliding
+//              window, a token tree's ancestors), grouped KV heads; replaces the cache writes, slices
+//              and SDPA call (~40 us a layer for one query);
 //   act_mul    silu(gate) up (Llama) or gelu_tanh(gate) up (Gemma) of fused [gate | up] rows.
 //
 // Each row's arithmetic depends on that row alone, so results do not depend on how many rows a pass
@@ -32,7 +33,7 @@
 #include <vector>
 
 #ifndef SPECDEC_AVX2
-#define SPECDEC_AVX2 __attribute__((target("avx2,fma")))
+#define SPECDEC_AVX2 __attribute__((target("avx2,fma,f16c")))
 #endif
 
 #include "simd.h"
@@ -87,9 +88,26 @@ SPECDEC_AVX2 inline __m256 exp8(__m256 x) {
   return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-SPECDEC_AVX2 inline float dot(const float* a, const float* b, int64_t n) {
+// Eight values of a KV cache row as float32: the cache holds float32, or float16 (IEEE half bits, as
+// uint16_t), which widens exactly.
+SPECDEC_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+SPECDEC_AVX2 inline __m256 load8(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// n float32 values into a cache row of C: copied, or rounded to the nearest float16 (ties to even, as
+// torch's .half() rounds). n a multiple of 8.
+SPECDEC_AVX2 inline void store_row(float* to, const float* from, int64_t n) { std::memcpy(to, from, n * 4); }
+SPECDEC_AVX2 inline void store_row(uint16_t* to, const float* from, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(from + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+template <class C>
+SPECDEC_AVX2 inline float dot(const float* a, const C* b, int64_t n) {
   __m256 s = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s);
+  for (int64_t i = 0; i < n; i += 8) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), s);
   return hsum(s);
 }
 
@@ -124,28 +142,30 @@ inline void with_vectors(int64_t n, F&& f) {
 // 1000-3000 keys, its attention 1.10x faster on Zen 2 (docs/results/zen2-epyc/attention-prefetch.txt).
 constexpr int64_t kValuesAhead = 32;
 
-SPECDEC_AVX2 inline void prefetch_row(const float* row, int64_t hd) {
-  for (int64_t o = 0; o < hd * 4; o += 64)
+template <class C>
+SPECDEC_AVX2 inline void prefetch_row(const C* row, int64_t hd) {
+  for (int64_t o = 0; o < hd * static_cast<int64_t>(sizeof(C)); o += 64)
     _mm_prefetch(reinterpret_cast<const char*>(row + kValuesAhead * hd) + o, _MM_HINT_T0);
 }
 
 // acc[0, 8 NV) += sum_j weights[j] values[j][0, 8 NV) for j in [j0, j1), each lane summed over j
 // in order (continuing the sums a previous call left in acc).
-template <int NV>
-SPECDEC_AVX2 inline void weigh_values(const float* weights, const float* values, int64_t j0,
+template <int NV, class C>
+SPECDEC_AVX2 inline void weigh_values(const float* weights, const C* values, int64_t j0,
                                       int64_t j1, int64_t hd, float* acc) {
   __m256 a[NV];
   for (int c = 0; c < NV; ++c) a[c] = _mm256_loadu_ps(acc + 8 * c);
   for (int64_t j = j0; j < j1; ++j) {
     const __m256 w = _mm256_set1_ps(weights[j]);
-    const float* row = values + j * hd;
+    const C* row = values + j * hd;
     prefetch_row(row, hd);
-    for (int c = 0; c < NV; ++c) a[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(row + 8 * c), a[c]);
+    for (int c = 0; c < NV; ++c) a[c] = _mm256_fmadd_ps(w, load8(row + 8 * c), a[c]);
   }
   for (int c = 0; c < NV; ++c) _mm256_storeu_ps(acc + 8 * c, a[c]);
 }
 
-SPECDEC_AVX2 void weigh_lanes(const float* weights, const float* values, int64_t j0, int64_t j1,
+template <class C>
+SPECDEC_AVX2 void weigh_lanes(const float* weights, const C* values, int64_t j0, int64_t j1,
                               int64_t hd, float* acc) {
   for (int64_t i = 0; i < hd; i += 64)  // 64 lanes (8 accumulators) at a time
     with_vectors<8>(std::min<int64_t>(64, hd - i) / 8, [&](auto nv) {
@@ -154,26 +174,32 @@ SPECDEC_AVX2 void weigh_lanes(const float* weights, const float* values, int64_t
 }
 
 #ifndef SPECDEC_AVX512F
-#define SPECDEC_AVX512F __attribute__((target("avx512f,avx2,fma")))
+#define SPECDEC_AVX512F __attribute__((target("avx512f,avx2,fma,f16c")))
 #endif
+
+SPECDEC_AVX512F inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+SPECDEC_AVX512F inline __m512 load16(const uint16_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
 
 // weigh_values on 16-lane registers, where the CPU has AVX-512: each lane's fmas are the same, so the
 // sums are weigh_values' to the bit, in half the instructions.
-template <int NZ>
-SPECDEC_AVX512F inline void weigh_values16(const float* weights, const float* values, int64_t j0,
+template <int NZ, class C>
+SPECDEC_AVX512F inline void weigh_values16(const float* weights, const C* values, int64_t j0,
                                            int64_t j1, int64_t hd, float* acc) {
   __m512 a[NZ];
   for (int c = 0; c < NZ; ++c) a[c] = _mm512_loadu_ps(acc + 16 * c);
   for (int64_t j = j0; j < j1; ++j) {
     const __m512 w = _mm512_set1_ps(weights[j]);
-    const float* row = values + j * hd;
-    for (int c = 0; c < NZ; ++c) a[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(row + 16 * c), a[c]);
+    const C* row = values + j * hd;
+    for (int c = 0; c < NZ; ++c) a[c] = _mm512_fmadd_ps(w, load16(row + 16 * c), a[c]);
   }
   for (int c = 0; c < NZ; ++c) _mm512_storeu_ps(acc + 16 * c, a[c]);
 }
 
 // weigh_lanes for hd a multiple of 16, on AVX-512.
-SPECDEC_AVX512F void weigh_lanes16(const float* weights, const float* values, int64_t j0,
+template <class C>
+SPECDEC_AVX512F void weigh_lanes16(const float* weights, const C* values, int64_t j0,
                                    int64_t j1, int64_t hd, float* acc) {
   for (int64_t i = 0; i < hd; i += 128)  // 128 lanes (8 accumulators) at a time
     with_vectors<8>(std::min<int64_t>(128, hd - i) / 16, [&](auto nz) {
@@ -197,8 +223,8 @@ bool set_wide_lanes(bool wide) {
 // The scores of NQ queries against NK keys, the keys read once for all NQ: each (query, key) summed
 // exactly as dot() sums it (eight lanes over the head's dimensions in order, then hsum), times scale, into
 // out[r][0, NK). NQ * NK = 8: hsum8 reduces all eight (the same additions as eight hsums).
-template <int NK, int NQ>
-SPECDEC_AVX2 inline void score_tile(const float* const* q, const float* k, int64_t hd, float scale, float* const* out) {
+template <int NK, int NQ, class C>
+SPECDEC_AVX2 inline void score_tile(const float* const* q, const C* k, int64_t hd, float scale, float* const* out) {
   static_assert(NK * NQ == 8, "one hsum8");
   __m256 s[8];
   for (int x = 0; x < 8; ++x) s[x] = _mm256_setzero_ps();
@@ -206,7 +232,7 @@ SPECDEC_AVX2 inline void score_tile(const float* const* q, const float* k, int64
     __m256 qv[NQ];
     for (int r = 0; r < NQ; ++r) qv[r] = _mm256_loadu_ps(q[r] + i);
     for (int c = 0; c < NK; ++c) {
-      const __m256 kv = _mm256_loadu_ps(k + c * hd + i);
+      const __m256 kv = load8(k + c * hd + i);
       for (int r = 0; r < NQ; ++r) s[r * NK + c] = _mm256_fmadd_ps(qv[r], kv, s[r * NK + c]);
     }
   }
@@ -217,17 +243,17 @@ SPECDEC_AVX2 inline void score_tile(const float* const* q, const float* k, int64
 
 // acc_r[0, 8 NV) += sum_j weights_r[j] values[j][0, 8 NV) for NQ queries, j in [j0, j1) in order: each
 // lane's sum is weigh_values' (the same fmas in the same order), a value row read once for the NQ.
-template <int NQ, int NV>
-SPECDEC_AVX2 inline void weigh_tile(const float* const* weights, const float* values, int64_t j0, int64_t j1,
+template <int NQ, int NV, class C>
+SPECDEC_AVX2 inline void weigh_tile(const float* const* weights, const C* values, int64_t j0, int64_t j1,
                                     int64_t hd, float* const* acc) {
   __m256 a[NQ][NV];
   for (int r = 0; r < NQ; ++r)
     for (int c = 0; c < NV; ++c) a[r][c] = _mm256_loadu_ps(acc[r] + 8 * c);
   for (int64_t j = j0; j < j1; ++j) {
-    const float* row = values + j * hd;
+    const C* row = values + j * hd;
     prefetch_row(row, hd);
     __m256 v[NV];
-    for (int c = 0; c < NV; ++c) v[c] = _mm256_loadu_ps(row + 8 * c);
+    for (int c = 0; c < NV; ++c) v[c] = load8(row + 8 * c);
     for (int r = 0; r < NQ; ++r) {
       const __m256 w = _mm256_set1_ps(weights[r][j]);
       for (int c = 0; c < NV; ++c) a[r][c] = _mm256_fmadd_ps(w, v[c], a[r][c]);
@@ -238,8 +264,8 @@ SPECDEC_AVX2 inline void weigh_tile(const float* const* weights, const float* va
 }
 
 // weigh_tile for NQ queries over all hd lanes, 32 lanes (4 vectors a query) at a time.
-template <int NQ>
-SPECDEC_AVX2 void weigh_rows(const float* const* weights, const float* values, int64_t j0, int64_t j1, int64_t hd,
+template <int NQ, class C>
+SPECDEC_AVX2 void weigh_rows(const float* const* weights, const C* values, int64_t j0, int64_t j1, int64_t hd,
                              float* const* acc) {
   for (int64_t i = 0; i < hd; i += 32) {
     float* at[NQ];
@@ -283,8 +309,9 @@ inline int64_t block_reach(const bool* const* allowed, int nq, int64_t count) {
 // reads: the rows (of one position's heads that share the KV head, or of many positions) take each chunk
 // of ~32 KB of keys in pairs, four keys at a time, then each chunk of values in threes; a hidden key's
 // weight is 0, which adds nothing to a sum (x + 0 = x).
+template <class C>
 SPECDEC_AVX2 void attend_rows(const float* const* qs, const bool* const* allowed, float* const* outs, int nq,
-                              const float* keys, const float* values, int64_t count, int64_t hd, float scale,
+                              const C* keys, const C* values, int64_t count, int64_t hd, float scale,
                               std::vector<QueryWork>& work) {
   if (static_cast<int>(work.size()) < nq) work.resize(nq);
   float* dense[16];
@@ -292,7 +319,7 @@ SPECDEC_AVX2 void attend_rows(const float* const* qs, const bool* const* allowed
     work[r].dense.resize(count + 8);
     dense[r] = work[r].dense.data();
   }
-  const int64_t chunk = std::max<int64_t>(16, 8192 / hd) / 4 * 4;  // keys a chunk: 32 KB of float32
+  const int64_t chunk = std::max<int64_t>(16, 8192 / hd) / 4 * 4;  // keys a chunk: 32 KB of float32 (16 of float16)
   for (int64_t c0 = 0; c0 < count; c0 += chunk) {  // every row's score of every key, a chunk at a time
     const int64_t c1 = std::min(count, c0 + chunk), tiles = c0 + (c1 - c0) / 4 * 4;
     int r = 0;
@@ -376,7 +403,9 @@ SPECDEC_AVX2 void attend_rows(const float* const* qs, const bool* const* allowed
   }
 }
 
-bool rowops_supported() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool rowops_supported() {
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
 
 // x as contiguous rows of width n: x itself where it already is (a layer's rows: no reshape to dispatch,
 // ~0.3 us each, ~15 a layer), else a reshaped copy.
@@ -450,29 +479,42 @@ struct Heads {
 struct AttendJob {
   Heads q;
   torch::Tensor mask, out;
-  const float* kc;
-  const float* vc;
+  const void* kc;  // the caches' storage: float, or float16 bits (uint16_t) where half
+  const void* vc;
+  bool half;
   const bool* mp;
   int64_t n_heads, n_kv, T, hd, lo, count, capacity;
 };
 
+// The new keys and values of T positions into the caches' slots start.. (rows of C).
+template <class C>
+void write_rows(C* kc, C* vc, const Heads& k, const Heads& v, int64_t n_kv, int64_t T, int64_t hd, int64_t capacity,
+                int64_t start) {
+  for (int64_t h = 0; h < n_kv; ++h)
+    for (int64_t t = 0; t < T; ++t) {
+      store_row(kc + (h * capacity + start + t) * hd, k.of(h, t), hd);
+      store_row(vc + (h * capacity + start + t) * hd, v.of(h, t), hd);
+    }
+}
+
 AttendJob attend_job(Heads q, Heads k, Heads v, int64_t n_heads, int64_t n_kv, int64_t T, int64_t hd,
                      torch::Tensor k_cache, torch::Tensor v_cache, int64_t start, int64_t lo, torch::Tensor visible) {
-  TORCH_CHECK(k_cache.scalar_type() == torch::kFloat32 && v_cache.scalar_type() == torch::kFloat32, "float32 only");
+  const bool half = k_cache.scalar_type() == torch::kHalf;
+  TORCH_CHECK((half || k_cache.scalar_type() == torch::kFloat32) && v_cache.scalar_type() == k_cache.scalar_type(),
+              "the caches: both float32 or both float16");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "the caches must be contiguous");
   const int64_t end = start + T, count = end - lo, capacity = k_cache.size(1);
   TORCH_CHECK(hd % 8 == 0 && n_heads % n_kv == 0 && end <= capacity && lo >= 0 && lo <= start, "bad shapes");
   TORCH_CHECK(visible.numel() == 0 || (visible.scalar_type() == torch::kBool && visible.size(0) == T &&
                                        visible.size(1) == count), "visible: (T, end - lo) bool");
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
-  for (int64_t h = 0; h < n_kv; ++h)
-    for (int64_t t = 0; t < T; ++t) {
-      std::memcpy(kc + (h * capacity + start + t) * hd, k.of(h, t), hd * 4);
-      std::memcpy(vc + (h * capacity + start + t) * hd, v.of(h, t), hd * 4);
-    }
+  void* kc = k_cache.data_ptr();
+  void* vc = v_cache.data_ptr();
+  if (half)
+    write_rows(static_cast<uint16_t*>(kc), static_cast<uint16_t*>(vc), k, v, n_kv, T, hd, capacity, start);
+  else
+    write_rows(static_cast<float*>(kc), static_cast<float*>(vc), k, v, n_kv, T, hd, capacity, start);
   torch::Tensor mask = visible.numel() ? visible.contiguous() : visible;
-  return AttendJob{q, mask, torch::empty({1, T, n_heads, hd}, k_cache.options()), kc, vc,
+  return AttendJob{q, mask, torch::empty({1, T, n_heads, hd}, k_cache.options().dtype(torch::kFloat32)), kc, vc, half,
                    visible.numel() ? mask.data_ptr<bool>() : nullptr, n_heads, n_kv, T, hd, lo, count, capacity};
 }
 
@@ -559,14 +601,19 @@ void attend_all(std::vector<AttendJob>& jobs, double scale) {
         seen[r] = row_mask(job, row);
         outs[r] = job.out.data_ptr<float>() + (t * job.n_heads + h) * job.hd;
       }
-      attend_rows(qs, seen, outs, unit.nq, job.kc + (unit.g * job.capacity + job.lo) * job.hd,
-                  job.vc + (unit.g * job.capacity + job.lo) * job.hd, unit.reach, job.hd, static_cast<float>(scale), work);
+      const int64_t from = (unit.g * job.capacity + job.lo) * job.hd;  // the KV head's first visible row
+      if (job.half)
+        attend_rows(qs, seen, outs, unit.nq, static_cast<const uint16_t*>(job.kc) + from,
+                    static_cast<const uint16_t*>(job.vc) + from, unit.reach, job.hd, static_cast<float>(scale), work);
+      else
+        attend_rows(qs, seen, outs, unit.nq, static_cast<const float*>(job.kc) + from,
+                    static_cast<const float*>(job.vc) + from, unit.reach, job.hd, static_cast<float>(scale), work);
     }
   });
 }
 
 // q (1, Hq, T, hd), k and v (1, Hkv, T, hd): any strides with a contiguous last dimension (views of
-// a fused QKV block). k_cache, v_cache (Hkv, capacity, hd) contiguous. The new keys and values go to
+// a fused QKV block). k_cache, v_cache (Hkv, capacity, hd) contiguous, both float32 or both float16. The new keys and values go to
 // slots start..start+T-1; query t sees keys lo..start+T-1 where visible[t][j - lo] (all if empty).
 // Returns (1, T, Hq, hd).
 torch::Tensor attend(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch::Tensor k_cache, torch::Tensor v_cache,
