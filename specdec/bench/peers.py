@@ -76,7 +76,7 @@ class LlamaCpp:
 LLAMA_SERVER_SPECS = {"llama-server": [], "llama-server-ngram-simple": ["--spec-type", "ngram-simple"],
                       "llama-server-ngram-mod": ["--spec-type", "ngram-mod"]}
 """The llama-server peers by method name: plain, and its n-gram speculation (`--spec-type`); a draft model
-adds `llama-server-draft` (`--spec-draft-model FILE`)."""
+adds `llama-server-draft` (`--spec-draft-model FILE --spec-type draft-simple`: the file alone turns nothing on)."""
 
 
 def llama_server_binary() -> str | None:

@@ -137,7 +137,7 @@ def run_bench(config: BenchConfig, progress=None, log=None) -> list[dict]:
         drafts = [arg for spec in config.drafters for kind, arg in [parse_drafter(spec)] if kind == "model"
                   and arg and arg.lower().endswith(".gguf")]
         if drafts:
-            specs["llama-server-draft"] = ["--spec-draft-model", drafts[0]]
+            specs["llama-server-draft"] = ["--spec-draft-model", drafts[0], "--spec-type", "draft-simple"]
         for name, spec_args in specs.items():
             if log:
                 log(f"starting {name} on {target.gguf.name}")
