@@ -49,9 +49,9 @@ def wait_ready(base: str, proc) -> float:
 
 
 def resident_mb(pid: int) -> dict:
-    """The process's resident memory now and at its peak (VmRSS, VmHWM), MB."""
+    """The process's resident memory now and at its peak (VmRSS, VmHWM), MB (10^6 bytes, as the file's size)."""
     fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return {key: int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM")}
+    return {key: int(fields[key].split()[0]) * 1024 / 1e6 for key in ("VmRSS", "VmHWM")}
 
 
 def percentile(values, q):
@@ -73,11 +73,11 @@ def stream_chat(client: OpenAI, text: str, gamma, max_tokens: int = 96, temperat
     return {"seconds": end - start, "tokens": tokens, "ttft": (first or end) - start}
 
 
-def throughput(base: str, prompts: list[str], clients: int, gamma, temperature: float = 0.0) -> dict:
+def throughput(base: str, prompts: list[str], clients: int, gamma, temperature: float = 0.0, max_tokens: int = 96) -> dict:
     """Every group serves the same prompts: client i takes prompts i, i + clients, ..."""
     def worker(i):
         client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
-        return [stream_chat(client, text, gamma, temperature=temperature) for text in prompts[i::clients]]
+        return [stream_chat(client, text, gamma, max_tokens, temperature) for text in prompts[i::clients]]
 
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -152,6 +152,7 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=8)
     parser.add_argument("--row-budget", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=4, help="prompts per task (code, summarise, translate, chat)")
+    parser.add_argument("--max-tokens", type=int, default=96, help="tokens each throughput request generates")
     parser.add_argument("--mixed", type=int, default=200, help="requests in the mixed load (0: skip it)")
     parser.add_argument("--temperature", type=float, default=0.0, help="the throughput groups' temperature (unseeded)")
     parser.add_argument("--weights", default="auto", help="the server's --weights (float: bf16 on the tiles with AMX)")
@@ -179,13 +180,13 @@ def main() -> None:
         prompts = [p.text for task in tasks for p in task_prompts(task, args.prompts, seed=7)]
         stream_chat(OpenAI(base_url=base + "/v1", api_key="unused"), prompts[0], "auto", 8)  # warm-up
         say(f"specdec serve --max-batch {args.max_batch} --row-budget {args.row_budget}; openai client, "
-            f"streamed chat, 96 tokens, T={args.temperature:g}, ignore_eos")
+            f"streamed chat, {args.max_tokens} tokens, T={args.temperature:g}, ignore_eos")
         say("| clients | gamma | requests | total tokens/s | vs 1 client (auto) | vs 1 client (plain) "
             "| p50 time per output token | p50 TTFT |")
         say("|---|---|---|---|---|---|---|---|")
         one = plain = None
         for clients, gamma in [(c, g) for c in clients_list for g in (0, "auto")]:
-            r = throughput(base, prompts, clients, gamma, args.temperature)
+            r = throughput(base, prompts, clients, gamma, args.temperature, args.max_tokens)
             if clients == 1:
                 one, plain = (r, plain) if gamma == "auto" else (one, r)
             ratio = f"{r['tokens_per_s'] / one['tokens_per_s']:.2f}x" if one else "-"

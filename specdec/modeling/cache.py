@@ -6,6 +6,9 @@ next round. Storage grows by doubling (to at most `max_length` positions).
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 
 
@@ -14,6 +17,20 @@ def grown_capacity(end: int, capacity: int, max_length: int | None) -> int:
     unless `end` itself is longer."""
     grown = max(end, 2 * capacity, 256)
     return max(end, min(grown, max_length)) if max_length else grown
+
+
+def zeroed(count: int, shape: tuple, dtype: torch.dtype, device: torch.device) -> list[torch.Tensor]:
+    """`count` zero tensors of `shape`; on the CPU views of one anonymous mapping, whose pages the OS maps
+    on first write, a small page at a time: the slots a cache has not reached take no memory (torch.zeros
+    writes every page, and numpy's zeros asks for huge pages, which a write into each head's rows maps
+    whole)."""
+    if device.type != "cpu":
+        return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(count)]
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if count * size == 0:
+        return [torch.zeros(shape, dtype=dtype) for _ in range(count)]
+    flat = torch.frombuffer(mmap.mmap(-1, count * size), dtype=torch.uint8).view(dtype)  # the tensor holds the map
+    return list(flat.view(count, *shape).unbind(0))
 
 
 class KVCache:
@@ -44,10 +61,11 @@ class KVCache:
         capacity = grown_capacity(end, self.capacity, self.max_length)
         shape = (self.kv_heads, capacity, self.head_dim)
         old = self.capacity
-        grown_k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
-        grown_v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.layers)]
+        grown = zeroed(2 * self.layers, shape, self.dtype, self.device)
+        grown_k, grown_v = grown[: self.layers], grown[self.layers :]
+        kept = min(old, self.length)  # the slots past the length hold nothing a later pass reads
         for i in range(len(self.k)):
-            grown_k[i][:, :old] = self.k[i][:, :old]
-            grown_v[i][:, :old] = self.v[i][:, :old]
+            grown_k[i][:, :kept] = self.k[i][:, :kept]
+            grown_v[i][:, :kept] = self.v[i][:, :kept]
         self.k, self.v, self.capacity = grown_k, grown_v, capacity
         self._bound.clear()  # handles on the old tensors
