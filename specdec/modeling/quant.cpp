@@ -217,34 +217,57 @@ SPECDEC_AVX2 torch::Tensor add_residual(torch::Tensor x, const torch::Tensor& h)
   return x;
 }
 
+// A decoder layer's weights as layer_steps takes them.
+struct BlockLayer {
+  std::vector<std::vector<torch::Tensor>> blocks;  // per projection (qkv, o, gate/up, down): its parts' blocks
+  std::vector<std::vector<int64_t>> kinds;         // and each part's block kind
+  std::vector<torch::Tensor> norms;                // attn_in, mlp_in, q, k, attn_out, mlp_out; empty where none
+  torch::Tensor qkv_bias;                          // the QKV projection's bias (Qwen2), or empty
+};
+
+// What every layer of the model shares: its shapes and how it computes.
+struct ModelShape {
+  int64_t n_heads, n_kv, hd;
+  double eps, scale;
+  bool gemma, int8;
+};
+
+// The sequences of a pass as one layer attends them: per sequence its caches of this layer, the slot its
+// rows start at, the first slot they may see (lo) and which of the slots from there (visible, or empty:
+// all), how many rows of h are its, and whether they are a prompt chunk.
+struct LayerSequences {
+  const std::vector<torch::Tensor>& k_caches;
+  const std::vector<torch::Tensor>& v_caches;
+  const std::vector<int64_t>& starts;
+  const std::vector<int64_t>& los;
+  const std::vector<torch::Tensor>& visibles;
+  const std::vector<int64_t>& rows;
+  const std::vector<bool>& prompts;
+};
+
 // One decoder layer of one or more sequences on GGUF blocks, in one call: what the lean backend's
 // layer_aten does with rowops.cpp and these kernels (RMSNorm, fused QKV, Gemma's q/k norms + RoPE,
 // attention over each sequence's cache, output projection, Gemma's norm, residual, RMSNorm, fused
 // gate/up, act(gate) up, down, Gemma's norm, residual), with the same functions in the same order, so the
 // same numbers to the bit; it saves the ~15 Python-level ops a layer and their dispatch (a SmolLM2 step:
 // 11.9 -> 11.4 ms; two sequences' step 15.0 -> ~10 ms). h (T, d) float32, the sequences' rows one after
-// another (rows[s] of them for sequence s), cos and sin (T, hd) at each row's position; weights[i] the
-// parts of projection i (qkv, o, gate/up, down) as (blocks, kind) lists; norms: attn_in, mlp_in, then
-// q, k (Gemma's, Qwen3's), attn_out, mlp_out (Gemma's), empty tensors where the model has none;
-// qkv_bias: the QKV projection's bias (Qwen2), added to its product as layer_aten adds it, or empty; per
-// sequence its caches, start, lo and visible as rowops' attend takes them. The products take every row at once (rows do not depend on how
-// many are multiplied together), attention each sequence alone.
-torch::Tensor layer_steps(torch::Tensor h, const std::vector<std::vector<torch::Tensor>>& blocks,
-                          const std::vector<std::vector<int64_t>>& kinds, const std::vector<torch::Tensor>& norms,
-                          const torch::Tensor& qkv_bias, const torch::Tensor& cos, const torch::Tensor& sin,
-                          const std::vector<torch::Tensor>& k_caches,
-                          const std::vector<torch::Tensor>& v_caches, const std::vector<int64_t>& starts,
-                          const std::vector<int64_t>& los, const std::vector<torch::Tensor>& visibles,
-                          const std::vector<int64_t>& rows, const std::vector<bool>& prompts, int64_t n_heads, int64_t n_kv,
-                          int64_t hd, double eps, double scale, bool gemma, bool int8) {
+// another (seq.rows[s] of them for sequence s), cos and sin (T, hd) at each row's position; the QKV bias
+// added to its product as layer_aten adds it. The products take every row at once (rows do not depend on
+// how many are multiplied together), attention each sequence alone.
+torch::Tensor layer_steps(torch::Tensor h, const BlockLayer& layer, const ModelShape& model, const torch::Tensor& cos,
+                          const torch::Tensor& sin, const LayerSequences& seq) {
+  const auto& [blocks, kinds, norms, qkv_bias] = layer;
+  const auto [n_heads, n_kv, hd, eps, scale, gemma, int8] = model;
+  const std::vector<int64_t>& rows = seq.rows;
   TORCH_CHECK(h.dim() == 2 && h.scalar_type() == torch::kFloat32, "h: (T, d) float32");
   TORCH_CHECK(blocks.size() == 4 && kinds.size() == 4 && norms.size() == 6, "4 projections and 6 norms");
   const size_t n = rows.size();
-  TORCH_CHECK(n >= 1 && k_caches.size() == n && v_caches.size() == n && starts.size() == n && los.size() == n &&
-                  visibles.size() == n && prompts.size() == n, "one cache, start, lo, visible mask and prompt flag per sequence");
+  TORCH_CHECK(n >= 1 && seq.k_caches.size() == n && seq.v_caches.size() == n && seq.starts.size() == n &&
+                  seq.los.size() == n && seq.visibles.size() == n && seq.prompts.size() == n,
+              "one cache, start, lo, visible mask and prompt flag per sequence");
   const int64_t T = h.size(0), d = h.size(1), hq = n_heads * hd, hkv = n_kv * hd;
   TORCH_CHECK(std::accumulate(rows.begin(), rows.end(), int64_t{0}) == T, "the sequences' rows must add up to h's");
-  const PromptRows prompt_rows(rows, prompts);
+  const PromptRows prompt_rows(rows, seq.prompts);
   torch::Tensor qkv = project(rms_norm(h, norms[0], eps), blocks[0], kinds[0], d, int8, prompt_rows).contiguous();
   if (qkv_bias.numel()) {
     TORCH_CHECK(qkv_bias.dim() == 1 && qkv_bias.size(0) == qkv.size(1) && qkv_bias.scalar_type() == torch::kFloat32,
@@ -257,7 +280,8 @@ torch::Tensor layer_steps(torch::Tensor h, const std::vector<std::vector<torch::
   const float* row = qkv.data_ptr<float>();  // the sequence's first row
   for (size_t s = 0; s < n; ++s, row += rows[s - 1] * width)
     jobs.push_back(attend_job(Heads{row, hd, width}, Heads{row + hq, hd, width}, Heads{row + hq + hkv, hd, width},
-                              n_heads, n_kv, rows[s], hd, k_caches[s], v_caches[s], starts[s], los[s], visibles[s]));
+                              n_heads, n_kv, rows[s], hd, seq.k_caches[s], seq.v_caches[s], seq.starts[s], seq.los[s],
+                              seq.visibles[s]));
   attend_all(jobs, scale);
   std::vector<torch::Tensor> attended;
   for (size_t s = 0; s < n; ++s) attended.push_back(jobs[s].out.reshape({rows[s], hq}));
@@ -278,13 +302,8 @@ torch::Tensor layer_steps(torch::Tensor h, const std::vector<std::vector<torch::
 // once by set_layout), and each sequence's caches are one SequenceCaches handle: converting the per-layer
 // lists and constants at every call cost ~50 us of a ~60 us call (its arguments alone).
 struct LayerStack {
-  std::vector<std::vector<std::vector<torch::Tensor>>> blocks;  // per layer: layer_steps' blocks, kinds, norms
-  std::vector<std::vector<std::vector<int64_t>>> kinds;
-  std::vector<std::vector<torch::Tensor>> norms;
-  std::vector<torch::Tensor> qkv_biases;  // per layer, empty where there is none
-  int64_t n_heads, n_kv, hd;
-  double eps, scale;
-  bool gemma, int8;
+  std::vector<BlockLayer> layers;
+  ModelShape model;
   std::vector<int64_t> rope_of, window_of;  // per layer: its RoPE table and attention window (set_layout)
 };
 
@@ -305,7 +324,7 @@ std::vector<torch::Tensor> stack_steps(const LayerStack& stack, torch::Tensor h,
                                        const std::vector<std::vector<torch::Tensor>>& visibles,
                                        const std::vector<int64_t>& rows, const std::vector<bool>& prompts,
                                        const std::vector<int64_t>& taps) {
-  const size_t layers = stack.blocks.size(), n = rows.size();
+  const size_t layers = stack.layers.size(), n = rows.size();
   const std::vector<int64_t>& rope_of = stack.rope_of;
   const std::vector<int64_t>& window_of = stack.window_of;
   TORCH_CHECK(rope_of.size() == layers && window_of.size() == layers, "set_layout first: a RoPE table and window a layer");
@@ -324,10 +343,8 @@ std::vector<torch::Tensor> stack_steps(const LayerStack& stack, torch::Tensor h,
     for (size_t t = 0; t < taps.size(); ++t)
       if (taps[t] == static_cast<int64_t>(i)) tapped[t] = h;
     for (size_t s = 0; s < n; ++s) ks[s] = caches[s]->k[i], vs[s] = caches[s]->v[i];
-    h = layer_steps(h, stack.blocks[i], stack.kinds[i], stack.norms[i], stack.qkv_biases[i], cos[rope_of[i]],
-                    sin[rope_of[i]], ks, vs,
-                    starts, los[window_of[i]], visibles[window_of[i]], rows, prompts, stack.n_heads, stack.n_kv,
-                    stack.hd, stack.eps, stack.scale, stack.gemma, stack.int8);
+    h = layer_steps(h, stack.layers[i], stack.model, cos[rope_of[i]], sin[rope_of[i]],
+                    LayerSequences{ks, vs, starts, los[window_of[i]], visibles[window_of[i]], rows, prompts});
   }
   for (size_t t = 0; t < taps.size(); ++t) TORCH_CHECK(tapped[t].defined(), "taps names layer ", taps[t], " of ", layers);
   std::vector<torch::Tensor> out{h};
@@ -370,11 +387,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                        double scale, bool gemma, bool int8) {
         TORCH_CHECK(blocks.size() == kinds.size() && blocks.size() == norms.size() && blocks.size() == qkv_biases.size(),
                     "one entry per layer in each list");
-        return LayerStack{std::move(blocks), std::move(kinds), std::move(norms), std::move(qkv_biases), n_heads, n_kv, hd,
-                          eps, scale, gemma, int8, {}, {}};
+        std::vector<BlockLayer> layers;
+        for (size_t i = 0; i < blocks.size(); ++i)
+          layers.push_back(BlockLayer{std::move(blocks[i]), std::move(kinds[i]), std::move(norms[i]), std::move(qkv_biases[i])});
+        return LayerStack{std::move(layers), ModelShape{n_heads, n_kv, hd, eps, scale, gemma, int8}, {}, {}};
       }))
       .def("set_layout", [](LayerStack& stack, std::vector<int64_t> rope_of, std::vector<int64_t> window_of) {
-        TORCH_CHECK(rope_of.size() == stack.blocks.size() && window_of.size() == stack.blocks.size(),
+        TORCH_CHECK(rope_of.size() == stack.layers.size() && window_of.size() == stack.layers.size(),
                     "a RoPE table and a window index for every layer");
         stack.rope_of = std::move(rope_of), stack.window_of = std::move(window_of);
       }, "which RoPE table (index into stack_steps' cos and sin) and attention window each layer takes");
