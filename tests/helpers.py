@@ -206,7 +206,7 @@ class TableLM(Backend):
         pass
 
 
-SUPER = {12: (144, (0, 2)), 14: (210, (208,))}  # K-quants: bytes a 256-weight block, offsets of its f16 scales
+SUPER = {12: (144, (0, 2)), 13: (176, (0, 2)), 14: (210, (208,))}  # K-quants: bytes a 256-weight block, offsets of its f16 scales
 
 
 def blocks_of(weight: torch.Tensor, kind: int):

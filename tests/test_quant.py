@@ -148,9 +148,9 @@ def test_packed_int8_at_the_largest_codes(kernels, name):
     weight = torch.ones(32, columns)
     weight[:, ::32] = -1.0  # each group's largest magnitude first and negative: the others take the top code
     w = blocks_of(weight, kind)
-    if kind in SUPER:  # every code byte 0xFF (Q4_K's nibbles 15, Q6_K's 6-bit codes 63), the scales kept
+    if kind in SUPER:  # every code byte 0xFF (Q4_K's nibbles 15, Q5_K's codes 31, Q6_K's 63), the scales kept
         raw = w.blocks.view(32, columns // 256, -1).clone()
-        codes = slice(16, 144) if kind == KINDS["Q4_K"] else slice(0, 192)
+        codes = {KINDS["Q4_K"]: slice(16, 144), KINDS["Q5_K"]: slice(16, 176)}.get(kind, slice(0, 192))
         raw[:, :, codes] = 255
         w = quant.QuantWeight(raw.view(32, -1).contiguous(), kind, columns)
     x = torch.ones(5, columns)

@@ -356,7 +356,7 @@ std::vector<torch::Tensor> stack_steps(const LayerStack& stack, torch::Tensor h,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("supported", &supported, "whether this CPU has AVX2 and FMA");
-  m.def("linear", &linear, "x @ w.T on GGUF Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K blocks; float32 activations, or int8; "
+  m.def("linear", &linear, "x @ w.T on GGUF Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks; float32 activations, or int8; "
         "prompt: rows of a prompt (on bfloat16 tiles where packed blocks take them)",
         py::arg("x"), py::arg("w"), py::arg("kind"), py::arg("in_features"), py::arg("int8") = false,
         py::arg("prompt") = false);

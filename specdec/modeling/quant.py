@@ -1,6 +1,6 @@
 """A GGUF file's own quantised weights as the lean backend's linear layers (quant.cpp).
 
-`QuantWeight` holds a weight matrix as the file's blocks (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K: ggml's
+`QuantWeight` holds a weight matrix as the file's blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: ggml's
 layouts, each row its blocks back to back); `quant_linear` multiplies float32 activations with it, unpacking the
 blocks in registers, and passes any other weight (a packed or plain float tensor) to the float path.
 A fused projection whose parts have different block types (Gemma's Q5_0 q/k beside a Q8_0 v) is a
@@ -33,7 +33,7 @@ import torch
 
 from .extension import Extension
 
-KINDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+KINDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 """The ggml block types the kernels read, by name and type id."""
 
 _extension = Extension(Path(__file__).with_name("quant.cpp"), needs="AVX2, FMA and F16C", off_variable="SPECDEC_QUANT",

@@ -4,8 +4,11 @@
 //   Q4_0  [d:f16][16 bytes: weight j in the low nibble of byte j, weight j+16 in the high]  w = d (q - 8)
 //   Q4_1  [d:f16][m:f16][16 bytes, as Q4_0]                                              w = d q + m
 //   Q5_0  [d:f16][4 bytes: bit j = the fifth bit of weight j][16 bytes, as Q4_0]          w = d (q - 16)
+//   Q5_1  [d:f16][m:f16][4 bytes of fifth bits, as Q5_0][16 bytes, as Q4_0]               w = d q + m
 //   Q8_0  [d:f16][32 x int8]                                                             w = d q
 //   Q4_K  256 weights: [d][dmin][6-bit scale and min of each 32][128 bytes of nibbles]   w = d sc q - dmin m
+//   Q5_K  256 weights: [d][dmin][scales and mins, as Q4_K][32 bytes: bit j of byte l = the fifth bit of
+//         weight l of the 32 in group j][128 bytes of nibbles, as Q4_K]                  w = d sc q - dmin m
 //   Q6_K  256 weights: [4-bit lows][2-bit highs][int8 scale of each 16][d]               w = d sc (q - 32)
 
 #pragma once
@@ -34,17 +37,19 @@ using simd::hsum;
 constexpr int64_t QK = 32;  // weights per group: every type is read 32 weights at a time
 constexpr int64_t ROW_TILE = 8;  // rows of x sharing one unpacking of a group (8 accumulators + 4 weights fit 16 ymm)
 
-enum Kind : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };  // ggml's type ids
+enum Kind : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml's ids
 
-inline int64_t block_weights(int64_t kind) { return kind == Q4_K || kind == Q6_K ? 256 : 32; }
+inline int64_t block_weights(int64_t kind) { return kind == Q4_K || kind == Q5_K || kind == Q6_K ? 256 : 32; }
 
 inline int64_t block_bytes(int64_t kind) {
   switch (kind) {
     case Q4_0: return 18;
     case Q4_1: return 20;
     case Q5_0: return 22;
+    case Q5_1: return 24;
     case Q8_0: return 34;
     case Q4_K: return 144;
+    case Q5_K: return 176;
     case Q6_K: return 210;
   }
   TORCH_CHECK(false, "unsupported GGUF block type ", kind);
@@ -58,8 +63,10 @@ void by_kind(int64_t kind, F&& f) {
     case Q4_0: f(std::integral_constant<int64_t, Q4_0>{}); return;
     case Q4_1: f(std::integral_constant<int64_t, Q4_1>{}); return;
     case Q5_0: f(std::integral_constant<int64_t, Q5_0>{}); return;
+    case Q5_1: f(std::integral_constant<int64_t, Q5_1>{}); return;
     case Q8_0: f(std::integral_constant<int64_t, Q8_0>{}); return;
     case Q4_K: f(std::integral_constant<int64_t, Q4_K>{}); return;
+    case Q5_K: f(std::integral_constant<int64_t, Q5_K>{}); return;
     case Q6_K: f(std::integral_constant<int64_t, Q6_K>{}); return;
   }
   TORCH_CHECK(false, "unsupported GGUF block type ", kind);
@@ -76,6 +83,18 @@ SPECDEC_AVX2 inline __m256i nibbles16(const uint8_t* p) {
   __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m128i low = _mm_set1_epi8(0x0F);
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
+}
+
+// 32 bits (bit j: weight j's fifth bit, Q5_0's and Q5_1's qh) -> 16 in the bytes whose bit is set, else 0.
+SPECDEC_AVX2 inline __m256i fifth_bits(const uint8_t* p) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(  // byte j holds the byte of `bits` that has bit j
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
+  const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+  return _mm256_and_si256(set, _mm256_set1_epi8(16));
 }
 
 // The codes of weights g*32 .. g*32+31 of a row (its blocks back to back), 32 bytes in weight order
@@ -104,19 +123,18 @@ SPECDEC_AVX2 inline Group<KIND> codes(const uint8_t* row, int64_t g) {
     a = half(block), b = KIND == Q4_1 ? half(block + 2) : -8.f * a;
   } else if constexpr (KIND == Q5_0) {  // [d][32 fifth bits][16 bytes of nibbles]: q - 16
     const uint8_t* block = row + g * 22;
-    uint32_t bits;
-    std::memcpy(&bits, block + 2, 4);
-    const __m256i spread = _mm256_shuffle_epi8(  // byte j holds the byte of `bits` that has bit j
-        _mm256_set1_epi32(static_cast<int>(bits)),
-        _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0x0000000000000000));
-    const __m256i select = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
-    out.q = _mm256_or_si256(nibbles16(block + 6), _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    out.q = _mm256_or_si256(nibbles16(block + 6), fifth_bits(block + 2));
     a = half(block), b = -16.f * a;
-  } else if constexpr (KIND == Q4_K) {
-    // [d][dmin][12 bytes: eight 6-bit scales and mins][128 bytes]: group j of a superblock is the low
-    // (j even) or high (j odd) nibbles of bytes 32 (j / 2) .. +31; w = d sc_j q - dmin m_j
-    const uint8_t* block = row + (g / 8) * 144;
+  } else if constexpr (KIND == Q5_1) {  // [d][m][32 fifth bits][16 bytes of nibbles]: d q + m
+    const uint8_t* block = row + g * 24;
+    out.q = _mm256_or_si256(nibbles16(block + 8), fifth_bits(block + 4));
+    a = half(block), b = half(block + 2);
+  } else if constexpr (KIND == Q4_K || KIND == Q5_K) {
+    // [d][dmin][12 bytes: eight 6-bit scales and mins](Q5_K: [32 bytes of fifth bits])[128 bytes]: group j
+    // of a superblock is the low (j even) or high (j odd) nibbles of bytes 32 (j / 2) .. +31, and in Q5_K
+    // bit j of the fifth bits' bytes; w = d sc_j q - dmin m_j
+    constexpr int64_t bytes = KIND == Q5_K ? 176 : 144, nibbles = KIND == Q5_K ? 48 : 16;
+    const uint8_t* block = row + (g / 8) * bytes;
     const int j = static_cast<int>(g % 8);
     const uint8_t* sm = block + 4;
     int sc, m;
@@ -125,9 +143,13 @@ SPECDEC_AVX2 inline Group<KIND> codes(const uint8_t* row, int64_t g) {
     } else {
       sc = (sm[j + 4] & 0xF) | ((sm[j - 4] >> 6) << 4), m = (sm[j + 4] >> 4) | ((sm[j] >> 6) << 4);
     }
-    __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16 + 32 * (j / 2)));
+    __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + nibbles + 32 * (j / 2)));
     if (j % 2) raw = _mm256_srli_epi16(raw, 4);
     out.q = _mm256_and_si256(raw, _mm256_set1_epi8(0x0F));
+    if constexpr (KIND == Q5_K) {  // bit j of each byte, as 16 (a 16-bit shift: the byte's own bit lands in bit 0)
+      const __m256i high = _mm256_srli_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 16)), j);
+      out.q = _mm256_or_si256(out.q, _mm256_slli_epi16(_mm256_and_si256(high, _mm256_set1_epi8(1)), 4));
+    }
     out.d = half(block), out.dmin = half(block + 2);
     out.scale0 = out.scale1 = static_cast<int8_t>(sc), out.min = static_cast<int8_t>(m);
     a = out.d * static_cast<float>(sc), b = -(out.dmin * static_cast<float>(m));
@@ -248,8 +270,10 @@ constexpr Format format_of(int64_t kind) {
   return kind == Q4_0   ? Format{32, false, 0, false, -8.f, 0}
          : kind == Q4_1 ? Format{32, false, 0, true, 0.f, 0}
          : kind == Q5_0 ? Format{32, false, 1, false, -16.f, 0}
+         : kind == Q5_1 ? Format{32, false, 1, true, 0.f, 0}
          : kind == Q8_0 ? Format{32, true, 0, false, -128.f, 0}
          : kind == Q4_K ? Format{32, false, 0, true, 0.f, 8}
+         : kind == Q5_K ? Format{32, false, 1, true, 0.f, 8}
                         : Format{16, false, 2, false, -32.f, 16};  // Q6_K
 }
 
@@ -286,7 +310,8 @@ constexpr int64_t read_bytes(int64_t g) {
 }
 
 inline void check_kind(int64_t kind) {
-  TORCH_CHECK(kind == Q4_0 || kind == Q4_1 || kind == Q5_0 || kind == Q8_0 || kind == Q4_K || kind == Q6_K,
+  TORCH_CHECK(kind == Q4_0 || kind == Q4_1 || kind == Q5_0 || kind == Q5_1 || kind == Q8_0 || kind == Q4_K ||
+                  kind == Q5_K || kind == Q6_K,
               "unsupported GGUF block type ", kind);
 }
 
