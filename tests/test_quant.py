@@ -270,3 +270,21 @@ def test_extension_turned_off_says_why(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEC_TEST_OFF", "0")
     ext = Extension(quant._extension.source, needs="AVX2", off_variable="SPECDEC_TEST_OFF", fallback="")
     assert ext.load() is None and "SPECDEC_TEST_OFF=0" in ext.reason
+
+
+@pytest.mark.parametrize("name", quant.FLOAT_KINDS)
+def test_f16_and_bf16_matrices_are_their_float_product_whatever_the_rows(kernels, name):
+    """An unquantised GGUF matrix runs as it is (2 bytes a weight): its product with float32 activations is
+    the float product of its weights (int8 activations asked for or not), a row's result the same alone as
+    among 13, and it is never repacked."""
+    g = torch.Generator().manual_seed(7)
+    w = quant.quantize(torch.randn(70, 96, generator=g), name)
+    assert w.blocks.dtype == torch.uint8 and w.blocks.shape == (70, 192)
+    dense = quant.dequantize(w).double()
+    x = torch.randn(13, 96, generator=g)
+    for int8 in (False, True):
+        out = quant.quant_linear(None, int8=int8)(x, w)
+        ref = x.double() @ dense.T
+        assert (out.double() - ref).abs().max() <= 1e-6 * ref.abs().max()
+        assert all(torch.equal(quant.quant_linear(None, int8=int8)(x[i : i + 1], w)[0], out[i]) for i in range(13))
+    assert quant.pack_int8(w) is w

@@ -58,7 +58,9 @@ class GGUFWeights:
         for name, entry in file.tensors.items():
             if len(entry.shape) != 2:
                 continue
-            if entry.kind in quant.KINDS.values():
+            on_kernels = entry.kind in quant.KINDS.values() or (entry.kind in quant.FLOAT_KINDS.values()
+                                                                  and entry.shape[1] % 8 == 0)
+            if on_kernels:
                 tensors[name] = quant.QuantWeight(torch.from_numpy(file.raw(name)), entry.kind, entry.shape[1])
             else:
                 skipped[name] = names.get(entry.kind, str(entry.kind))

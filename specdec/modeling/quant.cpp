@@ -152,6 +152,15 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, int64_t kind, int64_t in_
     return linear_packed(x, w, kind & ~kPackedFlag, in_features, prompt && takes_prompt_tiles(kind, in_features));
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "quant.linear takes float32 activations");
   TORCH_CHECK(w.scalar_type() == torch::kUInt8 && w.dim() == 2 && w.is_contiguous(), "w: (N, blocks bytes) uint8");
+  if (kind == F16 || kind == BF16) {  // unquantised weights: float32 activations whatever int8 says
+    TORCH_CHECK(w.size(1) == 2 * in_features && x.size(-1) == in_features, "w's rows hold ", w.size(1),
+                " bytes, expected ", 2 * in_features);
+    torch::Tensor x2 = as_rows(x, in_features);
+    torch::Tensor out = torch::empty({x2.size(0), w.size(0)}, x.options());
+    half_matmul(kind, x2.data_ptr<float>(), reinterpret_cast<const uint16_t*>(w.data_ptr<uint8_t>()),
+                out.data_ptr<float>(), x2.size(0), in_features, w.size(0));
+    return shaped_as(out, x, w.size(0));
+  }
   const int64_t K = in_features, per_block = block_weights(kind);
   TORCH_CHECK(K % per_block == 0, "in_features must be a multiple of ", per_block, " for this block type");
   TORCH_CHECK(w.size(1) == K / per_block * block_bytes(kind), "w's rows hold ", w.size(1), " bytes, expected ",

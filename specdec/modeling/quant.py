@@ -29,12 +29,16 @@ from functools import cached_property
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
 import torch
 
 from .extension import Extension
 
 KINDS = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 """The ggml block types the kernels read, by name and type id."""
+FLOAT_KINDS = {"F16": 1, "BF16": 30}
+"""The unquantised matrix types the kernels also read (blocks/half_products.cpp: 2 bytes a weight, float32
+activations whatever the int8 setting; rows a multiple of 8 weights)."""
 
 _extension = Extension(Path(__file__).with_name("quant.cpp"), needs="AVX2, FMA and F16C", off_variable="SPECDEC_QUANT",
                        fallback="GGUF targets run on their dequantised float weights instead.",
@@ -117,7 +121,7 @@ def pack_int8(w: QuantWeight | QuantParts) -> QuantWeight | QuantParts:
     a multiple of 16; else as it is (the AVX2 int8 kernels take it)."""
     if isinstance(w, QuantParts):
         return QuantParts(tuple(pack_int8(part) for part in w.parts))
-    if w.packed or w.out_features % 16:
+    if w.packed or w.out_features % 16 or w.kind in FLOAT_KINDS.values():
         return w
     return replace(w, blocks=load().pack_int8(w.blocks, w.kind, w.in_features), packed=True)
 
@@ -222,7 +226,7 @@ def block_width(kind: str) -> int:
     """How many weights one block of `kind` holds (a row's length must be a multiple)."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    return GGML_QUANT_SIZES[GGMLQuantizationType(KINDS[kind])][0]
+    return GGML_QUANT_SIZES[GGMLQuantizationType((KINDS | FLOAT_KINDS)[kind])][0]
 
 
 def quantize(weight: torch.Tensor, kind: str = "Q8_0") -> QuantWeight:
@@ -231,11 +235,13 @@ def quantize(weight: torch.Tensor, kind: str = "Q8_0") -> QuantWeight:
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize as reference
 
-    if kind not in KINDS:
-        raise ValueError(f"unknown block type {kind!r}: use one of {', '.join(KINDS)}")
+    kinds = KINDS | FLOAT_KINDS
+    if kind not in kinds:
+        raise ValueError(f"unknown block type {kind!r}: use one of {', '.join(kinds)}")
     values = weight.detach().float().contiguous().numpy()
-    blocks = reference(values, GGMLQuantizationType(KINDS[kind]))
-    return QuantWeight(torch.from_numpy(blocks.copy()), KINDS[kind], weight.shape[1])
+    blocks = reference(values, GGMLQuantizationType(kinds[kind]))
+    return QuantWeight(torch.from_numpy(blocks.view(np.uint8).reshape(weight.shape[0], -1).copy()), kinds[kind],
+                       weight.shape[1])
 
 
 def dequantize(w: QuantWeight) -> torch.Tensor:

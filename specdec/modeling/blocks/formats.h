@@ -38,6 +38,7 @@ constexpr int64_t QK = 32;  // weights per group: every type is read 32 weights 
 constexpr int64_t ROW_TILE = 8;  // rows of x sharing one unpacking of a group (8 accumulators + 4 weights fit 16 ymm)
 
 enum Kind : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };  // ggml's ids
+enum FloatKind : int64_t { F16 = 1, BF16 = 30 };  // unquantised matrices: half_products.cpp
 
 inline int64_t block_weights(int64_t kind) { return kind == Q4_K || kind == Q5_K || kind == Q6_K ? 256 : 32; }
 
@@ -358,6 +359,9 @@ void amx_int8_blocks(int64_t kind, const PackedActs& x, const uint8_t* w, int64_
 // avx2_packed.cpp: the same products on AVX2 (vpmaddubsw), to the bit.
 void avx2_blocks(int64_t kind, const PackedActs& x, const uint8_t* w, int64_t stride, float* out, int64_t N,
                  int64_t b0, int64_t b1);
+
+// half_products.cpp: out (M, N) = x (M, K) @ w.T for F16 or BF16 weights (N rows of K), float32 activations.
+void half_matmul(int64_t kind, const float* x, const uint16_t* w, float* out, int64_t M, int64_t K, int64_t N);
 
 // amx_bf16.cpp: prompt rows times packed blocks on bfloat16 tiles; and, for tests, whether the AMX
 // products hand a thread's tiles back as they found them.
