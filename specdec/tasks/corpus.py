@@ -122,23 +122,33 @@ def stdlib_functions(min_lines: int = 6, max_lines: int = 30, limit_files: int |
     return list(_stdlib_functions(min_lines, max_lines, limit_files))
 
 
+def _parsed(path: Path) -> tuple[list[str], ast.Module] | None:
+    """A source file's lines and syntax tree, or None where it does not read or parse."""
+    try:
+        source = path.read_text(encoding="utf-8")
+        return source.splitlines(), ast.parse(source)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _public_functions(body: list, lines: list[str], min_lines: int, max_lines: int):
+    """(name, source) of the public functions among `body`'s statements that are min..max lines long."""
+    for node in body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+            if min_lines <= node.end_lineno - node.lineno + 1 <= max_lines:
+                yield node.name, "\n".join(lines[node.lineno - 1 : node.end_lineno])
+
+
 @functools.lru_cache(maxsize=4)
 def _stdlib_functions(min_lines: int, max_lines: int, limit_files: int | None) -> tuple[tuple[str, str], ...]:
     root = Path(sysconfig.get_paths()["stdlib"])
     out = []
     files = sorted(p for p in root.glob("*.py") if not p.name.startswith("_"))
     for path in files[:limit_files]:
-        try:
-            source = path.read_text(encoding="utf-8")
-            tree = ast.parse(source)
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        lines = source.splitlines()
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-                n = node.end_lineno - node.lineno + 1
-                if min_lines <= n <= max_lines:
-                    out.append((f"{path.stem}.{node.name}", "\n".join(lines[node.lineno - 1 : node.end_lineno])))
+        if (parsed := _parsed(path)) is not None:
+            lines, tree = parsed
+            out += [(f"{path.stem}.{name}", source) for name, source in _public_functions(tree.body, lines, min_lines,
+                                                                                          max_lines)]
     return tuple(out)
 
 
@@ -158,22 +168,12 @@ def _stdlib_methods(min_lines: int, max_lines: int) -> tuple[tuple[str, str], ..
     out = []
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).parts
-        if any(p in skip or p.startswith("_") for p in parts):
+        if any(p in skip or p.startswith("_") for p in parts) or (parsed := _parsed(path)) is None:
             continue
-        try:
-            source = path.read_text(encoding="utf-8")
-            tree = ast.parse(source)
-        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        lines = source.splitlines()
+        lines, tree = parsed
         module = ".".join(parts)[: -len(".py")]
         for node in tree.body:
-            if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
-                continue
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and not item.name.startswith("_"):
-                    n = item.end_lineno - item.lineno + 1
-                    if min_lines <= n <= max_lines:
-                        text = textwrap.dedent("\n".join(lines[item.lineno - 1 : item.end_lineno]))
-                        out.append((f"{module}.{node.name}.{item.name}", text))
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                out += [(f"{module}.{node.name}.{name}", textwrap.dedent(source))
+                        for name, source in _public_functions(node.body, lines, min_lines, max_lines)]
     return tuple(out)

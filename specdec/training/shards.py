@@ -164,15 +164,19 @@ def prompt_pool(seed: int = 0, target=None, done: Sequences | None = None, max_p
     and edits of the standard library's methods (tasks.corpus.stdlib_methods)."""
     chat = [("chat", q) for q in open_questions(1 << 20, seed, exclude=set(CHAT_QUESTIONS))]
     tasks = training_prompts(8000, seed)
-    for i in range(max(len(chat), len(tasks))):
-        yield from ([chat[i]] if i < len(chat) else []) + ([tasks[i]] if i < len(tasks) else [])
+    yield from _alternate(chat, tasks)
     rng = random.Random(f"more-prompts:{seed}")
     second = [] if target is None or done is None else follow_ups(target, done, chat + tasks, rng, max_prompt_tokens)
     methods = corpus.stdlib_methods(5, 25)
     rng.shuffle(methods)
     code = [("code", f"{rng.choice(CODE_EDITS)}\n\n```python\n{source}\n```") for _, source in methods]
-    for i in range(max(len(second), len(code))):
-        yield from ([second[i]] if i < len(second) else []) + ([code[i]] if i < len(code) else [])
+    yield from _alternate(second, code)
+
+
+def _alternate(first: list, second: list):
+    """first[0], second[0], first[1], second[1], ... while both last, then the rest of the longer."""
+    for i in range(max(len(first), len(second))):
+        yield from ([first[i]] if i < len(first) else []) + ([second[i]] if i < len(second) else [])
 
 
 def follow_ups(target, done: Sequences, first_turns: list[tuple[str, str]], rng: random.Random,
