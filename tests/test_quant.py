@@ -272,6 +272,21 @@ def test_extension_turned_off_says_why(monkeypatch, tmp_path):
     assert ext.load() is None and "SPECDEC_TEST_OFF=0" in ext.reason
 
 
+def test_a_build_killed_midway_does_not_block_later_loads(kernels):
+    """torch's build lock is a file its builder deletes when done: a build killed midway left it behind, and
+    every later process waited on it forever without a word. A load now takes it for a leftover (no other
+    specdec process holds the build's flock) and goes on."""
+    import subprocess
+    import sys
+
+    leftover = quant._extension.build_dir() / "lock"
+    leftover.touch()
+    load = "from specdec.modeling import quant; assert quant.load() is not None"
+    done = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not leftover.exists()
+
+
 @pytest.mark.parametrize("name", quant.FLOAT_KINDS)
 def test_f16_and_bf16_matrices_are_their_float_product_whatever_the_rows(kernels, name):
     """An unquantised GGUF matrix runs as it is (2 bytes a weight): its product with float32 activations is

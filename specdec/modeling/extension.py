@@ -11,6 +11,7 @@ rowops.py (float32 norms, RoPE and attention, AVX2).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -22,6 +23,11 @@ from types import ModuleType
 import torch
 
 from ..paths import cache_dir
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no build lock of ours
+    fcntl = None
 
 
 def cpuinfo_field(name: str) -> str | None:
@@ -37,6 +43,29 @@ def cpuinfo_field(name: str) -> str | None:
 
 def cpu_flags() -> set[str]:
     return set((cpuinfo_field("flags") or "").split())
+
+
+@contextlib.contextmanager
+def build_lock(build_dir: Path, name: str):
+    """Holds the build directory against other processes while one builds or loads it. torch's own lock is a
+    file that its builder deletes when done, so a build killed midway (Ctrl-C, a timeout) left it behind and
+    every later process waited on it forever, saying nothing. This lock is an flock, which the kernel
+    releases when its holder dies; under it no other specdec process is building, so a torch lock still
+    there is such a leftover and is removed."""
+    if fcntl is None:
+        yield
+        return
+    with open(build_dir / "specdec.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"specdec: waiting for another process building {name} ...", file=sys.stderr, flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (build_dir / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class Extension:
@@ -64,6 +93,10 @@ class Extension:
             digest.update(part)
         return digest.hexdigest()[:12]
 
+    def build_dir(self) -> Path:
+        """Where this machine's build of the source is cached."""
+        return cache_dir() / "kernels" / f"{self.source.stem}-{self._key()}"
+
     def load(self) -> ModuleType | None:
         """The compiled module, building it on first use; None where it cannot run here."""
         if self._tried:
@@ -77,7 +110,7 @@ class Extension:
             return None
         key = self._key()
         stem = self.source.stem
-        build_dir = cache_dir() / "kernels" / f"{stem}-{key}"
+        build_dir = self.build_dir()
         try:
             build_dir.mkdir(parents=True, exist_ok=True)
             try:  # torch looks for the ninja executable on PATH; the pip package keeps it beside Python
@@ -88,12 +121,13 @@ class Extension:
                 pass
             from torch.utils.cpp_extension import load as build
 
-            if not any(build_dir.glob("*.so")):
-                print(f"specdec: building {self.source.name} once for this machine (~30 s) ...", file=sys.stderr,
-                      flush=True)
-            module = build(name=f"specdec_{stem}_{key}", sources=[str(path) for path in self.sources],
-                           build_directory=str(build_dir),
-                           extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+            with build_lock(build_dir, self.source.name):
+                if not any(build_dir.glob("*.so")):
+                    print(f"specdec: building {self.source.name} once for this machine (~30 s) ...", file=sys.stderr,
+                          flush=True)
+                module = build(name=f"specdec_{stem}_{key}", sources=[str(path) for path in self.sources],
+                               build_directory=str(build_dir),
+                               extra_cflags=["-O3", "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as error:  # a missing compiler or headers: fall back, and say why
             detail = str(error).strip().splitlines()[-1] if str(error).strip() else repr(error)
             self.reason = (f"could not build {self.source.name} ({detail}); it needs a C++ compiler (g++) "
