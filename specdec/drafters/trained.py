@@ -65,8 +65,7 @@ DRAFT_BLOCKS = "Q4_0"
 """The block type an eagle/eagle3 net's matrices take for drafting on quant.cpp (SPECDEC_DRAFT_BLOCKS
 names another of quant.KINDS, or 0 to keep the float paths). A draft step reads the net's weights from
 memory (a target pass between two steps evicts them from every cache level): Q4_0 reads about half of
-Q8_0's bytes, a draft token 1.13 -> 1.0 ms on the AMX Xeon and the drafter's kernels 0.85 -> 0.47 ms a
-round on Zen 2, with the same acceptance in the engine (docs/benchmarks.md's log)."""
+Q8_0's bytes, so a draft token costs less, and the engine measured the same acceptance with it."""
 
 
 def draft_blocks() -> str | None:
@@ -90,7 +89,7 @@ def load_net(directory: str | Path, target) -> DraftNet:
     - eagle and eagle3 where quant.cpp's packed kernels run (AVX2): every matrix as int8 blocks (`draft_blocks`,
       DraftNet.use_blocks), float32 activations quantised to int8 as the GGUF target's are: one draft
       token reads ~1 byte a weight and a layer is one call (c, a draft token's cost over a target
-      step, 0.35 -> 0.09 on the blocks target, measured: docs/benchmarks.md's log);
+      step, is about 0.09 on the blocks target, a quarter of the float net's);
     - else for a float32 GGUF target, in bfloat16 on kernels.cpp where that runs (one row is
       memory-bound, and float32 weights on oneDNN read twice the bytes);
     - else in the target's dtype, on kernels.cpp (bf16) or pre-packed for oneDNN.

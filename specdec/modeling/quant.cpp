@@ -258,10 +258,9 @@ struct LayerSequences {
 // layer_aten does with rowops.cpp and these kernels (RMSNorm, fused QKV, Gemma's q/k norms + RoPE,
 // attention over each sequence's cache, output projection, Gemma's norm, residual, RMSNorm, fused
 // gate/up, act(gate) up, down, Gemma's norm, residual), with the same functions in the same order, so the
-// same numbers to the bit; it saves the ~15 Python-level ops a layer and their dispatch (a SmolLM2 step:
-// 11.9 -> 11.4 ms; two sequences' step 15.0 -> ~10 ms). h (T, d) float32, the sequences' rows one after
-// another (seq.rows[s] of them for sequence s), cos and sin (T, hd) at each row's position; the QKV bias
-// added to its product as layer_aten adds it. The products take every row at once (rows do not depend on
+// same numbers to the bit; it saves the ~15 Python-level ops a layer and their dispatch. h (T, d) float32,
+// the sequences' rows one after another (seq.rows[s] of them for sequence s), cos and sin (T, hd) at each
+// row's position; the QKV bias added to its product as layer_aten adds it. The products take every row at once (rows do not depend on
 // how many are multiplied together), attention each sequence alone.
 torch::Tensor layer_steps(torch::Tensor h, const BlockLayer& layer, const ModelShape& model, const torch::Tensor& cos,
                           const torch::Tensor& sin, const LayerSequences& seq) {

@@ -138,8 +138,7 @@ inline void with_vectors(int64_t n, F&& f) {
 
 // The value row kValuesAhead rows on from `row`, on its way to the cache: attention streams a KV head's values
 // from the memory once a step, and the first use of each row waited on it (perf: ~60 % of weigh_tile's
-// samples on its first load). Prefetches never fault, past the cache's end included. Decoding SmolLM2 at
-// 1000-3000 keys, its attention 1.10x faster on Zen 2 (docs/results/zen2-epyc/attention-prefetch.txt).
+// samples on its first load). Prefetches never fault, past the cache's end included.
 constexpr int64_t kValuesAhead = 32;
 
 template <class C>

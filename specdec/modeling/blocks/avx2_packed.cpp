@@ -101,9 +101,8 @@ __attribute__((always_inline)) SPECDEC_AVX2 inline void avx2_half_group(const Pa
       sums[r] = _mm256_add_epi32(sums[r], _mm256_set1_epi32(128 * x.total[at0 + r]));
   } else {
     // int16 pair sums over a run of RUN steps, then one vpmaddwd a run into the int32 sums. 4-bit codes
-    // take the whole group as one run, so no int32 sums live through its steps (when they did, 8 rows
-    // spilled sums and accumulators to the stack every group; SmolLM2's layers at 16 rows 17.4 -> 16.0
-    // ms on Zen 2). The same integers in any order, the same bits.
+    // take the whole group as one run, so no int32 sums live through its steps (which would make 8 rows
+    // spill sums and accumulators to the stack every group). The same integers in any order, the same bits.
 #pragma GCC unroll 4
     for (int64_t run = 0; run < STEPS / RUN; ++run) {
       const int64_t first = run * RUN / 2;  // a run's first two steps start its sums (no zeroed registers)
@@ -146,9 +145,8 @@ __attribute__((always_inline)) SPECDEC_AVX2 inline void avx2_half_group(const Pa
 
 // Rows r0 .. r0 + R - 1 of x (within one 16-row tile of PackedActs) times blocks [b0, b1): each group
 // unpacked once for the R rows, each row's int16 then int32 sums in registers, both halves of a block's
-// 16 columns (8 lanes each) in one pass over its groups. (In a pass a half, the second pass read lines
-// already in the cache, and the memory stood idle with nothing prefetched: SmolLM2's products at 1-4 rows
-// took 1.08-1.22x the time on Zen 2, at 8-16 the same; docs/results/zen2-epyc/one-pass-ab.txt.) A
+// 16 columns (8 lanes each) in one pass over its groups, so the memory streams the block once (a pass a
+// half would read lines already in the cache the second time, with nothing prefetched meanwhile). A
 // column's sums are the same integers and float steps in the same order either way.
 template <int64_t KIND, int64_t R>
 SPECDEC_AVX2 void avx2_rows(const PackedActs& x, const uint8_t* w, int64_t stride, float* out, int64_t N, int64_t r0,
@@ -176,7 +174,7 @@ SPECDEC_AVX2 void avx2_rows(const PackedActs& x, const uint8_t* w, int64_t strid
 }
 
 #ifndef SPECDEC_AVX2_ROWS
-#define SPECDEC_AVX2_ROWS 8  // rows a tile on AVX2 (Zen 3, SmolLM2, 16 rows: 4 took 1.2x the time of 8, 16 about 8)
+#define SPECDEC_AVX2_ROWS 8  // rows a tile on AVX2: fewer reread the codes more often, more spill registers
 #endif
 
 template <int64_t KIND, int64_t... Less>
