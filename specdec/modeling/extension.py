@@ -108,9 +108,8 @@ class Extension:
         if platform.machine() not in ("x86_64", "AMD64"):
             self.reason = f"{self.source.name} needs an x86-64 CPU with {self.needs}, this is {platform.machine()}"
             return None
-        key = self._key()
-        stem = self.source.stem
         build_dir = self.build_dir()
+        stem, key = build_dir.name.rsplit("-", 1)
         try:
             build_dir.mkdir(parents=True, exist_ok=True)
             try:  # torch looks for the ninja executable on PATH; the pip package keeps it beside Python
