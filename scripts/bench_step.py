@@ -11,12 +11,14 @@ AVX-512 BF16 dot products, passes of up to 16 rows; longer ones fall to oneDNN),
 pre-packed products, the path without kernels.cpp). With --gguf also the target's own GGUF blocks with
 int8 activations (a float32 copy of the model): "gguf-int8 packed" (quant.cpp's kernels on the blocks
 repacked at load: AVX-512 VNNI / AMX-INT8 where the CPU has them, else AVX2) and "gguf-int8 avx2" (its
-AVX2 kernels on the file's blocks as they are).
+AVX2 kernels on the file's blocks as they are). A .gguf target runs on these two only (its layers hold
+no float weights), the memory bound its file's size.
 """
 
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -25,6 +27,7 @@ from specdec.backends.compute_path import choose_path
 from specdec.bench.peers import hf_generate
 from specdec.config import SamplingParams, SpecConfig
 from specdec.decoding.engine import SpeculativeEngine
+from specdec.gguf_file import is_gguf_path
 from specdec.modeling import kernels, quant
 from specdec.models import load_model
 from specdec.tasks.prompts import task_prompts
@@ -76,25 +79,28 @@ def main() -> None:
     parser.add_argument("--gguf", action="store_true", help="also the GGUF blocks with int8 activations (packed, AVX2)")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
-    loaded = load_model(args.target, "bfloat16")
-    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    on_file = is_gguf_path(args.target)
+    loaded = load_model(args.target, "float32" if on_file else "bfloat16")
+    weight_bytes = (Path(args.target).stat().st_size if on_file
+                    else sum(p.numel() * p.element_size() for p in loaded.model.parameters()))
     read_gbs, copy_gbs = bandwidth()
     bound_ms = weight_bytes / (read_gbs * 1e9) * 1e3
     print(f"weights {weight_bytes / 1e6:.0f} MB; read bandwidth {read_gbs:.1f} GB/s, copy {copy_gbs:.1f} GB/s; "
           f"memory bound of one step {bound_ms:.1f} ms")
-    t0 = time.perf_counter()
-    kern = kernels.load()
-    tiles = "yes" if kern and kern.tiles else (kern.tiles_reason if kern else "no")
-    print(f"kernels.cpp: {'loaded' if kern else 'unavailable: ' + str(kernels.unavailable_reason())} in "
-          f"{time.perf_counter() - t0:.1f} s; AMX tiles: {tiles}")
     backends = {}
-    if kern is not None and kern.tiles:
-        backends["lean+tiles"] = LeanBackend(loaded.model)
-    if kern is not None:
-        backends["lean+kernels"] = LeanBackend(loaded.model, use_tiles=False)
-    backends["lean (oneDNN)"] = LeanBackend(loaded.model, use_kernels=False)
-    if args.gguf:
-        loaded32 = load_model(args.target, "float32")
+    if not on_file:
+        t0 = time.perf_counter()
+        kern = kernels.load()
+        tiles = "yes" if kern and kern.tiles else (kern.tiles_reason if kern else "no")
+        print(f"kernels.cpp: {'loaded' if kern else 'unavailable: ' + str(kernels.unavailable_reason())} in "
+              f"{time.perf_counter() - t0:.1f} s; AMX tiles: {tiles}")
+        if kern is not None and kern.tiles:
+            backends["lean+tiles"] = LeanBackend(loaded.model)
+        if kern is not None:
+            backends["lean+kernels"] = LeanBackend(loaded.model, use_tiles=False)
+        backends["lean (oneDNN)"] = LeanBackend(loaded.model, use_kernels=False)
+    if args.gguf or on_file:
+        loaded32 = loaded if on_file else load_model(args.target, "float32")
         if quant.packed_int8():
             backends["gguf-int8 packed"] = LeanBackend(loaded32.model, gguf=loaded32.gguf, int8_activations=True)
         on_file_layout = choose_path(loaded32.model.config.model_type, torch.float32, torch.device("cpu"), "gguf",
@@ -140,7 +146,7 @@ def main() -> None:
         for name, values in seconds.items():
             med = statistics.median(values)
             print(f"  {name:14s} {med * 1e3:.0f} ms, {prompt.numel() / med:.0f} tokens/s")
-    if args.no_plain:
+    if args.no_plain or on_file:  # transformers' generate() needs the float weights a .gguf target lacks
         return
     lean = next(iter(backends.values()))
     prompts = [p.text for task in ("code", "chat") for p in task_prompts(task, 2, seed=0)]

@@ -36,3 +36,18 @@ def test_bench_step_runs_on_a_tiny_target(tmp_path):
                "--prefill", "16", "--no-plain")
     assert done.returncode == 0, done.stderr
     assert "v=1.00" in done.stdout and "tokens/s" in done.stdout, done.stdout
+
+
+def test_bench_step_runs_on_a_gguf_file(tmp_path):
+    """A .gguf target (the user-scale models docs/benchmarks.md measures) runs on its blocks' paths."""
+    from specdec.bench.gguf_models import Shape, write_random
+    from specdec.modeling import quant
+
+    if quant.load() is None:
+        pytest.skip(f"quant.cpp does not run here: {quant.unavailable_reason()}")
+    target = write_random(tmp_path / "tiny.gguf", kind="Q8_0", vocab=600,
+                          shape=Shape(hidden=256, layers=2, heads=4, kv_heads=2, ffn=512))
+    done = run(str(SCRIPTS / "bench_step.py"), "--target", str(target), "--repeats", "1", "--rows", "1,2",
+               "--prefill", "16")
+    assert done.returncode == 0, done.stderr
+    assert "gguf-int8 avx2" in done.stdout and "v=1.00" in done.stdout and "tokens/s" in done.stdout, done.stdout
