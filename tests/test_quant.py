@@ -2,6 +2,7 @@
 fp32 sums, a row's result never depends on how many rows are multiplied together, and the packed int8
 paths (AVX2, AVX-512 VNNI, AMX-INT8, AMX-BF16 prompt tiles) agree to the bit where they must."""
 
+import os
 
 import pytest
 import torch
@@ -179,6 +180,20 @@ def test_packed_rows_are_the_same_on_avx2_and_vnni(kernels):
                 assert torch.equal(on_avx2, on_vnni[:rows]), (kind, rows)
         finally:
             kernels.set_vnni(previous)
+
+
+@pytest.mark.skipif("not quant.packed_int8() or not quant.load().vnni()",
+                    reason="needs AVX-512 VNNI to turn off (this CPU runs the AVX2 products only)")
+def test_specdec_vnni_0_runs_the_avx2_products():
+    """SPECDEC_VNNI=0 gives a process an AVX2 host's int8 path (what the path label then says)."""
+    import subprocess
+    import sys
+
+    probe = "from specdec.modeling import quant; print(quant.packed_isa(), quant.load().vnni())"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SPECDEC_VNNI": "0"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["avx2", "False"]
 
 
 @packed_only

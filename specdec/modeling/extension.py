@@ -17,6 +17,7 @@ import os
 import platform
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -70,10 +71,12 @@ def build_lock(build_dir: Path, name: str):
 
 class Extension:
     """A C++ source (and the sources it is linked with), built on first load(). `needs` names the CPU in the
-    reasons it gives."""
+    reasons it gives; `configure`, where given, sets the module up once it has loaded."""
 
-    def __init__(self, source: Path, needs: str, off_variable: str, fallback: str, others: tuple[Path, ...] = ()):
+    def __init__(self, source: Path, needs: str, off_variable: str, fallback: str, others: tuple[Path, ...] = (),
+                 configure: Callable[[ModuleType], None] | None = None):
         self.source = source
+        self.configure = configure
         self.sources = (source, *others)
         self.needs = needs
         self.off_variable = off_variable
@@ -136,5 +139,7 @@ class Extension:
         if not module.supported():
             self.reason = f"this CPU lacks {self.needs}"
             return None
+        if self.configure is not None:
+            self.configure(module)
         self.module = module
         return module

@@ -40,13 +40,20 @@ FLOAT_KINDS = {"F16": 1, "BF16": 30}
 """The unquantised matrix types the kernels also read (blocks/half_products.cpp: 2 bytes a weight, float32
 activations whatever the int8 setting; rows a multiple of 8 weights)."""
 
+def _configure(module: ModuleType) -> None:
+    if os.environ.get("SPECDEC_VNNI", "1") == "0":
+        module.set_vnni(False)
+
+
 _extension = Extension(Path(__file__).with_name("quant.cpp"), needs="AVX2, FMA and F16C", off_variable="SPECDEC_QUANT",
                        fallback="GGUF targets run on their dequantised float weights instead.",
-                       others=tuple(sorted((Path(__file__).parent / "blocks").glob("*.cpp"))))
+                       others=tuple(sorted((Path(__file__).parent / "blocks").glob("*.cpp"))), configure=_configure)
 
 
 def load() -> ModuleType | None:
-    """The compiled kernels, building them on first use; None where they cannot run here."""
+    """The compiled kernels, building them on first use; None where they cannot run here.
+    SPECDEC_VNNI=0 keeps the packed products on AVX2 where the CPU has AVX-512 VNNI (an AVX2 host's path,
+    to compare or reproduce it)."""
     return _extension.load()
 
 
