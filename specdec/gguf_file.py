@@ -3,8 +3,12 @@
 `GGUFFile.open(path)` indexes the file once: where each tensor's blocks lie, its metadata as a transformers
 config, and its tokenizer and chat template as transformers reads them. The index and the tokenizer are kept
 in the cache (SPECDEC_CACHE, default ~/.cache/specdec, under gguf-files/), keyed by the file's path and size and
-checked against its modification time, so a second load parses no metadata (gguf's reader takes seconds on a
-real vocabulary); the blocks are memory-mapped from the file itself, never copied to disk.
+checked against its modification time, so a second load parses no metadata; the tokenizer is also kept by
+its own content (gguf-tokenizers/), so another file with the same vocabulary (another quantisation of the
+same model) does not build it again. The index is read by `_read_header`, which walks the metadata and the
+tensor table without decoding the vocabulary (gguf's reader builds an object a token: seconds on a real
+vocabulary), and falls back to gguf's reader for what it does not know. The blocks are memory-mapped from
+the file itself, never copied to disk.
 
 `load_gguf_model` builds the transformers model on the meta device and fills only its small tensors (norms,
 biases) from the file: the linear layers, the embedding and the LM head stay the file's blocks, which the lean
@@ -32,8 +36,10 @@ from .paths import cache_dir, locked
 ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 """GGUF's general.architecture -> transformers' model_type, for the architectures the lean backend runs."""
 
-_INDEX_FORMAT = 1
+_INDEX_FORMAT = 2
 _MAGIC = b"GGUF"
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+"""GGUF's fixed-size metadata value types (the others: 8 string, 9 array)."""
 
 
 def _type_names() -> dict[int, str]:
@@ -63,6 +69,75 @@ class TensorEntry:
     nbytes: int
 
 
+@dataclass(frozen=True)
+class _Header:
+    arch: str
+    tensors: dict[str, TensorEntry]
+    tokenizer_key: str
+    """A hash of the bytes of every tokenizer.* metadata value: files with the same key build the same tokenizer."""
+
+
+def _read_header(path: Path) -> _Header:
+    """The architecture and tensor table of a GGUF v2/v3 file, its metadata values skipped unread but the few
+    it needs; raises (struct.error, KeyError, ValueError, ...) on what it does not know, for gguf's reader to say."""
+    import struct
+
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    with open(path, "rb") as f:
+        blob = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        version, tensor_count, kv_count = struct.unpack_from("<IQQ", blob, 4)
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version}")
+        pos = 24
+
+        def string(at: int) -> tuple[str, int]:
+            (length,) = struct.unpack_from("<Q", blob, at)
+            return blob[at + 8 : at + 8 + length].decode("utf-8"), at + 8 + length
+
+        def skip(at: int, kind: int) -> int:
+            if kind in _SCALARS:
+                return at + struct.calcsize(_SCALARS[kind])
+            if kind == 8:
+                return at + 8 + struct.unpack_from("<Q", blob, at)[0]
+            if kind != 9:
+                raise ValueError(f"metadata value type {kind}")
+            element, count = struct.unpack_from("<IQ", blob, at)
+            at += 12
+            if element in _SCALARS:
+                return at + count * struct.calcsize(_SCALARS[element])
+            for _ in range(count):
+                at = skip(at, element)
+            return at
+
+        values, tokenizer = {}, hashlib.sha256()
+        for _ in range(kv_count):
+            key, pos = string(pos)
+            (kind,) = struct.unpack_from("<I", blob, pos)
+            end = skip(pos + 4, kind)
+            if key in ("general.architecture", "general.alignment"):
+                values[key] = string(pos + 4)[0] if kind == 8 else struct.unpack_from(_SCALARS[kind], blob, pos + 4)[0]
+            if key.startswith("tokenizer."):
+                tokenizer.update(key.encode() + blob[pos:end])
+            pos = end
+        table = []
+        for _ in range(tensor_count):
+            name, pos = string(pos)
+            (dims,) = struct.unpack_from("<I", blob, pos)
+            shape = struct.unpack_from(f"<{dims}Q", blob, pos + 4)
+            kind, offset = struct.unpack_from("<IQ", blob, pos + 4 + 8 * dims)
+            pos += 4 + 8 * dims + 12
+            block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+            table.append((name, kind, tuple(int(n) for n in reversed(shape)), offset, int(np.prod(shape)) // block * size))
+        alignment = int(values.get("general.alignment", 32))
+        start = (pos + alignment - 1) // alignment * alignment
+        tensors = {name: TensorEntry(kind, shape, start + offset, nbytes) for name, kind, shape, offset, nbytes in table}
+        return _Header(values["general.architecture"], tensors, tokenizer.hexdigest()[:16])
+    finally:
+        blob.close()
+
+
 def _index_dir(path: Path) -> Path:
     where = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     return cache_dir() / "gguf-files" / f"{path.stem}-{path.stat().st_size}-{where}"
@@ -82,8 +157,10 @@ def _check_header(path: Path) -> None:
 class GGUFFile:
     """A GGUF file's tensor index, architecture and (lazily) transformers config and tokenizer."""
 
-    def __init__(self, path: Path, arch: str, tensors: dict[str, TensorEntry], index_dir: Path):
+    def __init__(self, path: Path, arch: str, tensors: dict[str, TensorEntry], index_dir: Path,
+                 tokenizer_key: str | None = None):
         self.path, self.arch, self.tensors, self.index_dir = path, arch, tensors, index_dir
+        self.tokenizer_key = tokenizer_key
         self._map: np.ndarray | None = None
 
     @classmethod
@@ -115,12 +192,23 @@ class GGUFFile:
             return None
         tensors = {name: TensorEntry(kind, tuple(shape), offset, nbytes)
                    for name, (kind, shape, offset, nbytes) in meta["tensors"].items()}
-        return cls(path, meta["arch"], tensors, index.parent)
+        return cls(path, meta["arch"], tensors, index.parent, meta.get("tokenizer_key"))
 
     @classmethod
     def _index(cls, path: Path, folder: Path) -> GGUFFile:
         import gguf
 
+        size = path.stat().st_size
+        try:
+            header = _read_header(path)
+        except Exception:  # what the quick reader does not know (or a damaged file): gguf's reader says what
+            header = None
+        if header is not None:
+            for name, e in header.tensors.items():
+                if e.offset + e.nbytes > size:
+                    raise SpecdecError(f"the GGUF file {str(path)!r} is truncated: tensor {name} ends at byte "
+                                       f"{e.offset + e.nbytes}, the file holds {size}. Download or convert it again")
+            return cls(path, header.arch, header.tensors, folder, header.tokenizer_key)
         try:
             reader = gguf.GGUFReader(str(path))
         except Exception as exc:  # a truncated or damaged file: gguf raises ValueError, struct.error, IndexError...
@@ -131,7 +219,6 @@ class GGUFFile:
             raise SpecdecError(f"the GGUF file {str(path)!r} names no architecture (general.architecture): it is not a "
                                "model file llama.cpp would load")
         arch = bytes(field.parts[-1]).decode()
-        size = path.stat().st_size
         tensors = {}
         for t in reader.tensors:
             end = int(t.data_offset) + int(t.n_bytes)
@@ -144,6 +231,7 @@ class GGUFFile:
 
     def _write_index(self, mtime: int) -> None:
         meta = {"format": _INDEX_FORMAT, "source": str(self.path.resolve()), "mtime_ns": mtime, "arch": self.arch,
+                "tokenizer_key": self.tokenizer_key,
                 "tensors": {name: [e.kind, list(e.shape), e.offset, e.nbytes] for name, e in self.tensors.items()}}
         try:
             self.index_dir.mkdir(parents=True, exist_ok=True)
@@ -218,10 +306,15 @@ class GGUFFile:
         return AutoConfig.from_pretrained(str(self.index_dir), local_files_only=True)
 
     def tokenizer(self):
-        """The file's tokenizer and chat template, as transformers builds them from the metadata (cached)."""
+        """The file's tokenizer and chat template, as transformers builds them from the metadata (cached: by the
+        metadata's content where the index has its key, else beside the index)."""
         from transformers import AutoTokenizer
 
-        folder = self.index_dir / "tokenizer"
+        if self.tokenizer_key is not None:
+            home, name = cache_dir() / "gguf-tokenizers", self.tokenizer_key
+        else:
+            home, name = self.index_dir, "tokenizer"
+        folder = home / name
         if not (folder / "tokenizer_config.json").is_file():
             with locked(folder):
                 if not (folder / "tokenizer_config.json").is_file():
@@ -230,23 +323,27 @@ class GGUFFile:
                     except Exception as exc:  # transformers' GGUF tokenizer conversion raises many kinds
                         raise SpecdecError(f"cannot build the tokenizer from {self.path.name}'s metadata: "
                                            f"{type(exc).__name__}: {exc}") from None
-                    self._save(lambda d: tokenizer.save_pretrained(d), "tokenizer")
+                    _save_folder(home, name, lambda d: tokenizer.save_pretrained(d))
         return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
 
     def _save(self, write, name: str) -> None:
-        """Write `name` into the index folder through a staging folder (a reader never sees it half-written)."""
-        self.index_dir.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=self.index_dir))
-        try:
-            write(staging)
-            target = self.index_dir / name
-            if name.endswith(".json"):
-                os.replace(staging / name, target)
-            else:
-                shutil.rmtree(target, ignore_errors=True)
-                staging.rename(target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        _save_folder(self.index_dir, name, write)
+
+
+def _save_folder(home: Path, name: str, write) -> None:
+    """Write `name` into `home` through a staging folder (a reader never sees it half-written)."""
+    home.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=home))
+    try:
+        write(staging)
+        target = home / name
+        if name.endswith(".json"):
+            os.replace(staging / name, target)
+        else:
+            shutil.rmtree(target, ignore_errors=True)
+            staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _write_atomic(path: Path, text: str) -> None:

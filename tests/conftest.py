@@ -26,7 +26,7 @@ def _temporary_cache() -> None:
 
     shared = cache_dir()
     run_cache = Path(tempfile.mkdtemp(prefix="specdec-test-cache-"))
-    for name in ("models", "kernels", "gguf", "gguf-files"):  # conversions, builds, GGUF indexes: the same each run
+    for name in ("models", "kernels", "gguf", "gguf-files", "gguf-tokenizers"):  # the same each run
         (shared / name).mkdir(parents=True, exist_ok=True)
         (run_cache / name).symlink_to(shared / name, target_is_directory=True)
     os.environ["SPECDEC_CACHE"] = str(run_cache)

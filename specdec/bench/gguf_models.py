@@ -102,46 +102,38 @@ def random_blocks(rows: int, cols: int, kind: str, rng: np.random.Generator, sca
 
 # -- writing ------------------------------------------------------------------------------------------
 
-_TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
-                   "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-                   "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
-                   "tokenizer.ggml.add_space_prefix", "tokenizer.chat_template")
-
-
 def _copy_tokenizer(writer, reader, vocab: int | None = None) -> int:
-    """The source file's tokenizer fields into `writer` (the first `vocab` tokens, and the merges among
-    them, where given); returns the vocabulary's size."""
+    """Every tokenizer.* field of the source file into `writer`, with its types and bytes (so the copy builds
+    the very tokenizer the source does: a sentencepiece vocabulary's scores included), or its first `vocab`
+    tokens and the merges among them where given; returns the vocabulary's size."""
     from gguf import GGUFValueType
 
     fields = reader.fields
     tokens = [bytes(fields["tokenizer.ggml.tokens"].parts[i]) for i in fields["tokenizer.ggml.tokens"].data]
     keep = len(tokens) if vocab is None else vocab
-    for key in _TOKENIZER_KEYS:
-        if key not in fields:
+    known = {t.decode("utf-8", errors="replace") for t in tokens[:keep]}
+    for key, field in fields.items():
+        if not key.startswith("tokenizer."):
             continue
-        field = fields[key]
-        values = [field.parts[i] for i in field.data]
-        if field.types[0] == GGUFValueType.ARRAY:
-            kind = field.types[-1]
-            if kind == GGUFValueType.STRING:
-                items = [bytes(v).decode("utf-8", errors="replace") for v in values]
-                if key.endswith("tokens"):
-                    items = items[:keep]
-                elif key.endswith("merges") and vocab is not None:
-                    known = {t.decode("utf-8", errors="replace") for t in tokens[:keep]}
-                    items = [m for m in items if all(part in known for part in m.split(" ")) and m.replace(" ", "") in known]
-                writer.add_array(key, items)
-            else:
-                writer.add_array(key, [int(v[0]) for v in values][:keep])
-        elif field.types[0] == GGUFValueType.STRING:
-            writer.add_string(key, bytes(values[0]).decode("utf-8"))
-        elif field.types[0] == GGUFValueType.BOOL:
-            writer.add_bool(key, bool(values[0][0]))
+        kind, values = field.types[0], [field.parts[i] for i in field.data]
+        if kind == GGUFValueType.ARRAY:
+            sub = field.types[-1]
+            items = [bytes(v) if sub == GGUFValueType.STRING else v[0].item() for v in values]
+            if len(items) == len(tokens):  # one a token: tokens, scores, token types
+                items = items[:keep]
+            elif key.endswith("merges") and vocab is not None:
+                merges = [m.decode("utf-8", errors="replace") for m in items]
+                items = [m.encode() for m in merges
+                         if all(part in known for part in m.split(" ")) and m.replace(" ", "") in known]
+            if items:
+                writer.add_key_value(key, items, GGUFValueType.ARRAY, sub)
+        elif kind == GGUFValueType.STRING:
+            writer.add_key_value(key, bytes(values[0]), kind)
         else:
-            value = int(values[0][0])
-            if vocab is not None and value >= keep:
+            value = values[0][0].item()
+            if key.endswith("_token_id") and value >= keep:
                 continue
-            writer.add_uint32(key, value)
+            writer.add_key_value(key, value, kind)
     return keep
 
 
