@@ -38,8 +38,6 @@ ARCHITECTURES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen
 
 _INDEX_FORMAT = 2
 _MAGIC = b"GGUF"
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-"""GGUF's fixed-size metadata value types (the others: 8 string, 9 array)."""
 
 
 def _type_names() -> dict[int, str]:
@@ -73,8 +71,9 @@ class TensorEntry:
 class _Header:
     arch: str
     tensors: dict[str, TensorEntry]
-    tokenizer_key: str
-    """A hash of the bytes of every tokenizer.* metadata value: files with the same key build the same tokenizer."""
+    tokenizer_key: str | None
+    """A hash of the bytes of every tokenizer.* metadata value: files with the same key build the same tokenizer
+    (None: not known)."""
 
 
 def _read_header(path: Path) -> _Header:
@@ -82,7 +81,9 @@ def _read_header(path: Path) -> _Header:
     it needs; raises (struct.error, KeyError, ValueError, ...) on what it does not know, for gguf's reader to say."""
     import struct
 
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+    scalars = {int(kind): np.dtype(numpy_type) for kind, numpy_type in GGUFReader.gguf_scalar_to_np.items()}
 
     with open(path, "rb") as f:
         blob = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -97,16 +98,16 @@ def _read_header(path: Path) -> _Header:
             return blob[at + 8 : at + 8 + length].decode("utf-8"), at + 8 + length
 
         def skip(at: int, kind: int) -> int:
-            if kind in _SCALARS:
-                return at + struct.calcsize(_SCALARS[kind])
+            if kind in scalars:
+                return at + scalars[kind].itemsize
             if kind == 8:
                 return at + 8 + struct.unpack_from("<Q", blob, at)[0]
             if kind != 9:
                 raise ValueError(f"metadata value type {kind}")
             element, count = struct.unpack_from("<IQ", blob, at)
             at += 12
-            if element in _SCALARS:
-                return at + count * struct.calcsize(_SCALARS[element])
+            if element in scalars:
+                return at + count * scalars[element].itemsize
             for _ in range(count):
                 at = skip(at, element)
             return at
@@ -117,7 +118,7 @@ def _read_header(path: Path) -> _Header:
             (kind,) = struct.unpack_from("<I", blob, pos)
             end = skip(pos + 4, kind)
             if key in ("general.architecture", "general.alignment"):
-                values[key] = string(pos + 4)[0] if kind == 8 else struct.unpack_from(_SCALARS[kind], blob, pos + 4)[0]
+                values[key] = string(pos + 4)[0] if kind == 8 else np.frombuffer(blob, scalars[kind], 1, pos + 4)[0]
             if key.startswith("tokenizer."):
                 tokenizer.update(key.encode() + blob[pos:end])
             pos = end
@@ -136,6 +137,25 @@ def _read_header(path: Path) -> _Header:
         return _Header(values["general.architecture"], tensors, tokenizer.hexdigest()[:16])
     finally:
         blob.close()
+
+
+def _read_header_with_gguf(path: Path) -> _Header:
+    """What _read_header gives, by gguf's reader (slow on a real vocabulary; it reads what the quick walk does
+    not know, and says what is wrong with a damaged file); no tokenizer key."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:  # a truncated or damaged file: gguf raises ValueError, struct.error, IndexError...
+        raise SpecdecError(f"cannot read the GGUF file {str(path)!r}: {type(exc).__name__}: {exc}. The file is "
+                           "damaged or truncated (an interrupted download?): download or convert it again") from None
+    field = reader.fields.get("general.architecture")
+    if field is None:
+        raise SpecdecError(f"the GGUF file {str(path)!r} names no architecture (general.architecture): it is not a "
+                           "model file llama.cpp would load")
+    tensors = {t.name: TensorEntry(int(t.tensor_type), tuple(int(n) for n in reversed([int(x) for x in t.shape])),
+                                   int(t.data_offset), int(t.n_bytes)) for t in reader.tensors}
+    return _Header(bytes(field.parts[-1]).decode(), tensors, None)
 
 
 def _index_dir(path: Path) -> Path:
@@ -196,38 +216,16 @@ class GGUFFile:
 
     @classmethod
     def _index(cls, path: Path, folder: Path) -> GGUFFile:
-        import gguf
-
-        size = path.stat().st_size
         try:
             header = _read_header(path)
         except Exception:  # what the quick reader does not know (or a damaged file): gguf's reader says what
-            header = None
-        if header is not None:
-            for name, e in header.tensors.items():
-                if e.offset + e.nbytes > size:
-                    raise SpecdecError(f"the GGUF file {str(path)!r} is truncated: tensor {name} ends at byte "
-                                       f"{e.offset + e.nbytes}, the file holds {size}. Download or convert it again")
-            return cls(path, header.arch, header.tensors, folder, header.tokenizer_key)
-        try:
-            reader = gguf.GGUFReader(str(path))
-        except Exception as exc:  # a truncated or damaged file: gguf raises ValueError, struct.error, IndexError...
-            raise SpecdecError(f"cannot read the GGUF file {str(path)!r}: {type(exc).__name__}: {exc}. The file is "
-                               "damaged or truncated (an interrupted download?): download or convert it again") from None
-        field = reader.fields.get("general.architecture")
-        if field is None:
-            raise SpecdecError(f"the GGUF file {str(path)!r} names no architecture (general.architecture): it is not a "
-                               "model file llama.cpp would load")
-        arch = bytes(field.parts[-1]).decode()
-        tensors = {}
-        for t in reader.tensors:
-            end = int(t.data_offset) + int(t.n_bytes)
-            if end > size:
-                raise SpecdecError(f"the GGUF file {str(path)!r} is truncated: tensor {t.name} ends at byte {end}, the file "
-                                   f"holds {size}. Download or convert it again")
-            shape = tuple(int(n) for n in reversed([int(x) for x in t.shape]))
-            tensors[t.name] = TensorEntry(int(t.tensor_type), shape, int(t.data_offset), int(t.n_bytes))
-        return cls(path, arch, tensors, folder)
+            header = _read_header_with_gguf(path)
+        size = path.stat().st_size
+        for name, e in header.tensors.items():
+            if e.offset + e.nbytes > size:
+                raise SpecdecError(f"the GGUF file {str(path)!r} is truncated: tensor {name} ends at byte "
+                                   f"{e.offset + e.nbytes}, the file holds {size}. Download or convert it again")
+        return cls(path, header.arch, header.tensors, folder, header.tokenizer_key)
 
     def _write_index(self, mtime: int) -> None:
         meta = {"format": _INDEX_FORMAT, "source": str(self.path.resolve()), "mtime_ns": mtime, "arch": self.arch,

@@ -111,7 +111,6 @@ def _copy_tokenizer(writer, reader, vocab: int | None = None) -> int:
     fields = reader.fields
     tokens = [bytes(fields["tokenizer.ggml.tokens"].parts[i]) for i in fields["tokenizer.ggml.tokens"].data]
     keep = len(tokens) if vocab is None else vocab
-    known = {t.decode("utf-8", errors="replace") for t in tokens[:keep]}
     for key, field in fields.items():
         if not key.startswith("tokenizer."):
             continue
@@ -122,6 +121,7 @@ def _copy_tokenizer(writer, reader, vocab: int | None = None) -> int:
             if len(items) == len(tokens):  # one a token: tokens, scores, token types
                 items = items[:keep]
             elif key.endswith("merges") and vocab is not None:
+                known = {t.decode("utf-8", errors="replace") for t in tokens[:keep]}
                 merges = [m.decode("utf-8", errors="replace") for m in items]
                 items = [m.encode() for m in merges
                          if all(part in known for part in m.split(" ")) and m.replace(" ", "") in known]

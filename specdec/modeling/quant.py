@@ -40,6 +40,7 @@ FLOAT_KINDS = {"F16": 1, "BF16": 30}
 """The unquantised matrix types the kernels also read (blocks/half_products.cpp: 2 bytes a weight, float32
 activations whatever the int8 setting; rows a multiple of 8 weights)."""
 
+
 def _configure(module: ModuleType) -> None:
     if os.environ.get("SPECDEC_VNNI", "1") == "0":
         module.set_vnni(False)
