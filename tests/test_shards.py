@@ -183,3 +183,33 @@ def test_second_turns_continue_sampled_chats_but_never_held_out_ones(tiny_dirs):
     assert {task for task, _ in later} == {"chat", "code"} and "```python" in later[1][1]
     fresh = shards.fresh_prompts(target, iter(later), set(), 4, 320)
     assert len(fresh) == 4 and all(ids for _, ids in fresh)
+
+
+def test_the_teacher_pass_stops_on_the_clock_and_training_reads_the_shards_it_reached(tiny_dirs, tmp_path,
+                                                                                      monkeypatch):
+    """On a fresh machine the teacher pass over every committed shard can outlast a run: it takes the newest
+    first, stops between shards at its deadline, and the held-out sequences of the shards it reached are the
+    ones a pass over all of them holds out (a prompt held out once is never trained on later)."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    target = load_model(str(tiny_dirs["chat"]), "float32")
+    identity = target_identity(target)
+    for n in range(3):  # 25 distinct prompts a shard: the 10th, 30th, 50th, 70th of 75 are held out
+        prompts = [[1 + n, 2 + i % 30, 3 + i // 30] for i in range(25)]
+        write_shard(tmp_path, Sequences(prompts, [[5, 6]] * 25, ["chat", "code"] * 12 + ["chat"], [0.0] * 25),
+                    identity, {}, {})
+    names = [e["name"] for e in read_manifest(tmp_path)["shards"]]
+    assert shards.teacher_files(target, tmp_path, lambda m: None, deadline=time.monotonic()) == {}
+    calls = []
+    stop_after_one = lambda: bool(calls) or calls.append(1)  # noqa: E731
+    reached = shards.teacher_files(target, tmp_path, lambda m: None, should_stop=stop_after_one)
+    assert list(reached) == [names[2]]  # the newest
+    everything = shards.teacher_files(target, tmp_path, lambda m: None)
+    assert list(everything) == names and everything[names[2]] == reached[names[2]]
+
+    whole = read_sequences(tmp_path)
+    held_all, _ = shards.held_out_and_tasks(tmp_path, names)
+    assert [tuple(whole.prompts[s]) for s in held_all] and held_all == [10, 30, 50, 70]
+    held, tasks = shards.held_out_and_tasks(tmp_path, [names[0], names[2]])
+    part = read_sequences(tmp_path, [names[0], names[2]])
+    assert [part.prompts[s] for s in held] == [whole.prompts[s] for s in held_all if s < 25 or s >= 50]
+    assert tasks["code"] == {i for i, t in enumerate(part.tasks) if t == "code"} and len(tasks["code"]) == 24

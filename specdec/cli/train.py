@@ -134,11 +134,12 @@ def run(args: argparse.Namespace) -> int:
                                    "then stopping (again to abandon it)"))
     with stop:
         if args.data_dir:  # the committed shards, grown first by --sample-minutes of sampling
-            data, sets, recipe.minutes = shard_data(args, target, backend, aux, began, stop, log)
+            data, sets, held_out, recipe.minutes, data_shards = shard_data(args, target, backend, aux, began, stop,
+                                                                           log)
             if data is None:
                 return 0
         else:
-            files = [data_files(target, r, log, backend) for r in recipes]
+            files, held_out = [data_files(target, r, log, backend) for r in recipes], None
             # read together, not concatenated: millions of positions' features are never held twice
             data = DistillData.load([f for fs in files for f in fs], features=args.kind != "eagle3",
                                     aux=args.kind == "eagle3")
@@ -153,11 +154,12 @@ def run(args: argparse.Namespace) -> int:
             log(f"continuing {args.resume} " + ("with its optimiser state" if optimizer_state else
                                                 "(no optimiser state saved beside it: the moments start afresh)"))
         net = train(target, data, recipe, log, start=start, sets=sets, optimizer_state=optimizer_state,
-                    keep_optimizer=moments.update, stop=stop)
+                    keep_optimizer=moments.update, stop=stop, held_out=held_out)
     if earlier is not None and not args.resume:
         net.config.recipe["continued_from"] = {"path": str(args.init), "recipe": earlier.recipe}
     if args.data_dir:
-        net.config.recipe["data"] = {"data_dir": str(args.data_dir), **shard_summary(args.data_dir)}
+        net.config.recipe["data"] = {"data_dir": str(args.data_dir), **shard_summary(args.data_dir),
+                                     "trained_on_shards": data_shards}
     else:
         net.config.recipe["data"] = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens,
                                      "seed": args.data_seed, "chat_prompts": args.chat_prompts,
@@ -178,10 +180,12 @@ def run(args: argparse.Namespace) -> int:
 
 def shard_data(args, target, backend, aux: tuple, began: float, stop, log):
     """--data-dir: sample new shards there for --sample-minutes (half of --time-limit when only that is
-    given), then read every shard's sequences with their teacher signal. Returns (data, held-out sets by
-    task, training minutes), or (None, None, None) when a stop came before training."""
+    given), then read the shards' sequences with their teacher signal: the teacher pass a machine makes once
+    takes at most half of what --time-limit leaves, so training always gets the rest, on the shards it reached.
+    Returns (data, sequences by task, held-out sequences, training minutes, shards read), or Nones when a
+    stop came before training."""
     from ..training.data import DistillData
-    from ..training.shards import sample_shards, task_sets, teacher_files
+    from ..training.shards import held_out_and_tasks, read_manifest, sample_shards, teacher_files
 
     limit = args.time_limit * 60 if args.time_limit else None
     sampling = args.sample_minutes * 60 if args.sample_minutes is not None else (limit / 2 if limit else 0)
@@ -195,20 +199,29 @@ def shard_data(args, target, backend, aux: tuple, began: float, stop, log):
         log(f"distillation data: {len(new)} new shards in {args.data_dir}")
     if stop.requested:
         log("stopped before training: the shards sampled are kept; run again to train on them")
-        return None, None, None
-    files = teacher_files(target, args.data_dir, log, aux_layers=aux)
+        return None, None, None, None, 0
+    teacher_deadline = None if not limit else time.monotonic() + (began + limit - time.monotonic()) / 2
+    files = teacher_files(target, args.data_dir, log, aux_layers=aux, deadline=teacher_deadline,
+                          should_stop=lambda: stop.requested)
+    if stop.requested:
+        log("stopped before training: the shards and their teacher signal are kept; run again to train on them")
+        return None, None, None, None, 0
+    if not files and read_manifest(args.data_dir)["shards"]:
+        log("the time limit ran out in the teacher pass: what it made is kept; run again to train")
+        return None, None, None, None, 0
     if not files:
         raise SpecdecError(f"{args.data_dir} holds no data shards yet: give --sample-minutes M (or --time-limit) "
                            "to sample some first")
-    data = DistillData.load(files, features=args.kind != "eagle3", aux=args.kind == "eagle3")
+    data = DistillData.load(list(files.values()), features=args.kind != "eagle3", aux=args.kind == "eagle3")
+    held_out, sets = held_out_and_tasks(args.data_dir, files)
     minutes = args.minutes if args.minutes is not None else 30.0
     if limit:
         left = (limit - (time.monotonic() - began)) / 60 - 0.5  # half a minute to measure and save
         if left <= 0:
             log("the time limit ran out before training: the shards are kept; run again to train on them")
-            return None, None, None
+            return None, None, None, None, 0
         minutes = min(minutes, left) if args.minutes is not None else left
-    return data, task_sets(args.data_dir), minutes
+    return data, sets, held_out, minutes, len(files)
 
 
 def run_summary(recipe: dict) -> dict:

@@ -21,6 +21,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,11 +280,14 @@ def _teacher_cache(folder: Path, name: str, identity: dict, aux_layers: tuple) -
     return cache_dir() / "distill" / "shards" / f"{stem}-{identity['weights']}-{digest}{aux}.safetensors"
 
 
-def teacher_files(target, folder: str | Path, log=print, batch: int = 8, aux_layers: tuple = ()) -> list[Path]:
-    """For every shard in `folder`, a local file of its sequences with the teacher signal (final-norm
+def teacher_files(target, folder: str | Path, log=print, batch: int = 8, aux_layers: tuple = (),
+                  deadline: float | None = None, should_stop=None) -> dict[str, Path]:
+    """For the folder's shards, local files of their sequences with the teacher signal (final-norm
     features, top-k, and the hidden states entering `aux_layers`), made by one teacher-forced pass where
-    this machine has none yet; read them together with DistillData.load. Empty when the folder holds no
-    shard."""
+    this machine has none yet; read them together with DistillData.load. {shard name: file}, in the
+    manifest's order; empty when the folder holds no shard. The pass takes the newest shards first and stops
+    between shards at `deadline` (time.monotonic()) or `should_stop()`: the shards it did not reach are left
+    out (a fresh machine's pass over every shard can outlast a run; the next run on it adds them)."""
     from tqdm import tqdm
 
     from .data import _teacher
@@ -291,30 +295,43 @@ def teacher_files(target, folder: str | Path, log=print, batch: int = 8, aux_lay
     folder = Path(folder)
     identity = target_identity(target)
     manifest = read_manifest(folder, identity)
-    files, missing = [], []
-    for entry in manifest["shards"]:
-        path = _teacher_cache(folder, entry["name"], identity, tuple(aux_layers))
-        files.append(path)
-        if not path.is_file():
-            missing.append((entry, path))
+    files = {e["name"]: _teacher_cache(folder, e["name"], identity, tuple(aux_layers)) for e in manifest["shards"]}
+    missing = [e for e in reversed(manifest["shards"]) if not files[e["name"]].is_file()]
     if missing:
-        total = sum(e["sequences"] for e, _ in missing)
+        total = sum(e["sequences"] for e in missing)
         log(f"distillation data: teacher pass over {len(missing)} of {len(files)} shards ({total} sequences)")
         width = target.model.get_output_embeddings().weight.shape[0]
         with tqdm(total=total, desc="teacher pass", unit="seq", file=sys.stderr) as bar:
-            for entry, path in missing:
+            for entry in missing:
+                if deadline is not None and time.monotonic() >= deadline or should_stop is not None and should_stop():
+                    left = [e["name"] for e in missing if not files[e["name"]].is_file()]
+                    log(f"distillation data: the teacher pass stopped with {len(left)} shards left: training on "
+                        f"the other {len(files) - len(left)} (a later run on this machine adds them)")
+                    break
+                path = files[entry["name"]]
                 part = read_sequences(folder, [entry["name"]])
                 whole = [p + a for p, a in zip(part.prompts, part.answers)]
                 features, ids, probs, aux = _teacher(target.model, whole, TOPK, batch, bar.update, tuple(aux_layers))
                 path.parent.mkdir(parents=True, exist_ok=True)
                 DistillData.of(part.prompts, part.answers, width, features, ids, probs, aux).save(path)
-    return files
+    return {name: path for name, path in files.items() if path.is_file()}
 
 
-def task_sets(folder: str | Path) -> dict[str, set[int]]:
-    """The sequences of each task across the folder's shards (indices into their concatenation)."""
-    tasks = read_sequences(folder).tasks
-    return {t: {i for i, x in enumerate(tasks) if x == t} for t in TASKS if t in tasks}
+def held_out_and_tasks(folder: str | Path, names: Collection[str]) -> tuple[list[int], dict[str, set[int]]]:
+    """The held-out sequences (train.held_out_sequences over every shard of the folder, so a run on some of
+    them holds out what a run on all would) and the sequences of each task, as indices into the
+    concatenation of the shards `names` alone, in the manifest's order."""
+    everything = read_sequences(folder)
+    counts = [(e["name"], e["sequences"]) for e in read_manifest(folder)["shards"]]
+    local, at, kept = {}, 0, 0
+    for name, count in counts:
+        if name in names:
+            local.update({at + i: kept + i for i in range(count)})
+            kept += count
+        at += count
+    held = [local[s] for s in held_out_sequences([tuple(p) for p in everything.prompts]) if s in local]
+    tasks = {t: {local[i] for i, x in enumerate(everything.tasks) if x == t and i in local} for t in TASKS}
+    return held, {t: s for t, s in tasks.items() if s}
 
 
 def summary(folder: str | Path) -> dict:

@@ -349,14 +349,16 @@ class StopRequest:
 
 def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: bool = True,
           start: DraftNet | None = None, sets: dict[str, Collection[int]] | None = None,
-          optimizer_state: dict | None = None, keep_optimizer=None, stop: StopRequest | None = None) -> DraftNet:
+          optimizer_state: dict | None = None, keep_optimizer=None, stop: StopRequest | None = None,
+          held_out: list[int] | None = None) -> DraftNet:
     """Train a drafter of `recipe.kind` for `target` (a LoadedModel) on `data`; returns it in float32.
     `start`: a saved drafter of the same kind and sizes to continue from (`drafters.trained.read_net`;
     its draft vocabulary is kept), `optimizer_state` its AdamW moments (read_optimizer_state; the
     warm-up is then skipped). `sets`: named collections of sequences (indices into the data): the
     held-out agreement per draft position is measured on each at the end (recipe["held_out"]).
     `keep_optimizer(state_dict)` receives the optimiser's state at the end; `stop`: a StopRequest the
-    caller already holds (default: one for the loop)."""
+    caller already holds (default: one for the loop); `held_out`: the sequences to hold out (default:
+    held_out_sequences of the data's prompts)."""
     from tqdm import tqdm
 
     torch.manual_seed(recipe.seed)
@@ -381,7 +383,7 @@ def train(target, data: DistillData, recipe: TrainRecipe, log=print, progress: b
         f"({covered:.1%} of the target's probability mass){', layers from the target' if initialised else ''}"
         f"{', continuing from a saved drafter' if start is not None else ''}")
 
-    held_out = held_out_sequences(sequence_prompts(data))
+    held_out = held_out or held_out_sequences(sequence_prompts(data))
     taken = set(held_out)
     train_windows = Windows(data, [s for s in range(data.sequences) if s not in taken], recipe.window, recipe.seed,
                             recipe.prompt_weight)
