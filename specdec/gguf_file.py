@@ -76,58 +76,76 @@ class _Header:
     (None: not known)."""
 
 
+class _Walk:
+    """The metadata of a GGUF v2/v3 file walked without decoding it: each pair's key, value type and byte
+    range; raises (struct.error, KeyError, ValueError, ...) on what it does not know."""
+
+    def __init__(self, blob):
+        import struct
+
+        from gguf import GGUFReader
+
+        self.blob, self.unpack = blob, struct.unpack_from
+        self.scalars = {int(kind): np.dtype(t) for kind, t in GGUFReader.gguf_scalar_to_np.items()}
+        self.version, self.tensor_count, kv_count = self.unpack("<IQQ", blob, 4)
+        if self.version not in (2, 3):
+            raise ValueError(f"GGUF version {self.version}")
+        self.pairs: list[tuple[str, int, int, int, int]] = []
+        """(key, value type, the pair's first byte, its value's first byte, the byte after it)"""
+        pos = 24
+        for _ in range(kv_count):
+            key, at = self.string(pos)
+            (kind,) = self.unpack("<I", blob, at)
+            end = self.skip(at + 4, kind)
+            self.pairs.append((key, kind, pos, at + 4, end))
+            pos = end
+        self.end = pos
+
+    def string(self, at: int) -> tuple[str, int]:
+        (length,) = self.unpack("<Q", self.blob, at)
+        return self.blob[at + 8 : at + 8 + length].decode("utf-8"), at + 8 + length
+
+    def skip(self, at: int, kind: int) -> int:
+        if kind in self.scalars:
+            return at + self.scalars[kind].itemsize
+        if kind == 8:
+            return at + 8 + self.unpack("<Q", self.blob, at)[0]
+        if kind != 9:
+            raise ValueError(f"metadata value type {kind}")
+        element, count = self.unpack("<IQ", self.blob, at)
+        at += 12
+        if element in self.scalars:
+            return at + count * self.scalars[element].itemsize
+        for _ in range(count):
+            at = self.skip(at, element)
+        return at
+
+    def value(self, kind: int, at: int):
+        """A scalar or string value."""
+        return self.string(at)[0] if kind == 8 else np.frombuffer(self.blob, self.scalars[kind], 1, at)[0]
+
+
 def _read_header(path: Path) -> _Header:
     """The architecture and tensor table of a GGUF v2/v3 file, its metadata values skipped unread but the few
     it needs; raises (struct.error, KeyError, ValueError, ...) on what it does not know, for gguf's reader to say."""
-    import struct
-
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
-
-    scalars = {int(kind): np.dtype(numpy_type) for kind, numpy_type in GGUFReader.gguf_scalar_to_np.items()}
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     with open(path, "rb") as f:
         blob = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        version, tensor_count, kv_count = struct.unpack_from("<IQQ", blob, 4)
-        if version not in (2, 3):
-            raise ValueError(f"GGUF version {version}")
-        pos = 24
-
-        def string(at: int) -> tuple[str, int]:
-            (length,) = struct.unpack_from("<Q", blob, at)
-            return blob[at + 8 : at + 8 + length].decode("utf-8"), at + 8 + length
-
-        def skip(at: int, kind: int) -> int:
-            if kind in scalars:
-                return at + scalars[kind].itemsize
-            if kind == 8:
-                return at + 8 + struct.unpack_from("<Q", blob, at)[0]
-            if kind != 9:
-                raise ValueError(f"metadata value type {kind}")
-            element, count = struct.unpack_from("<IQ", blob, at)
-            at += 12
-            if element in scalars:
-                return at + count * scalars[element].itemsize
-            for _ in range(count):
-                at = skip(at, element)
-            return at
-
+        walk = _Walk(blob)
         values, tokenizer = {}, hashlib.sha256()
-        for _ in range(kv_count):
-            key, pos = string(pos)
-            (kind,) = struct.unpack_from("<I", blob, pos)
-            end = skip(pos + 4, kind)
+        for key, kind, _, at, end in walk.pairs:
             if key in ("general.architecture", "general.alignment"):
-                values[key] = string(pos + 4)[0] if kind == 8 else np.frombuffer(blob, scalars[kind], 1, pos + 4)[0]
+                values[key] = walk.value(kind, at)
             if key.startswith("tokenizer."):
-                tokenizer.update(key.encode() + blob[pos:end])
-            pos = end
-        table = []
-        for _ in range(tensor_count):
-            name, pos = string(pos)
-            (dims,) = struct.unpack_from("<I", blob, pos)
-            shape = struct.unpack_from(f"<{dims}Q", blob, pos + 4)
-            kind, offset = struct.unpack_from("<IQ", blob, pos + 4 + 8 * dims)
+                tokenizer.update(key.encode() + blob[at - 4 : end])
+        table, pos = [], walk.end
+        for _ in range(walk.tensor_count):
+            name, pos = walk.string(pos)
+            (dims,) = walk.unpack("<I", blob, pos)
+            shape = walk.unpack(f"<{dims}Q", blob, pos + 4)
+            kind, offset = walk.unpack("<IQ", blob, pos + 4 + 8 * dims)
             pos += 4 + 8 * dims + 12
             block, size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
             table.append((name, kind, tuple(int(n) for n in reversed(shape)), offset, int(np.prod(shape)) // block * size))
@@ -135,6 +153,28 @@ def _read_header(path: Path) -> _Header:
         start = (pos + alignment - 1) // alignment * alignment
         tensors = {name: TensorEntry(kind, shape, start + offset, nbytes) for name, kind, shape, offset, nbytes in table}
         return _Header(values["general.architecture"], tensors, tokenizer.hexdigest()[:16])
+    finally:
+        blob.close()
+
+
+def _settings_only(path: Path, out: Path) -> int | None:
+    """Write to `out` a GGUF file of `path`'s metadata without its tokenizer arrays (vocabulary, scores,
+    merges: what makes gguf's reader take seconds) and without tensors, for transformers to read the config
+    from; returns the vocabulary's size (None: the file lists no tokens)."""
+    with open(path, "rb") as f:
+        blob = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        walk = _Walk(blob)
+        kept = [(first, end) for key, kind, first, _, end in walk.pairs if not (key.startswith("tokenizer.") and kind == 9)]
+        tokens = next((walk.unpack("<Q", blob, at + 4)[0] for key, kind, _, at, _ in walk.pairs
+                       if key == "tokenizer.ggml.tokens" and kind == 9), None)
+        import struct
+
+        with open(out, "wb") as f:
+            f.write(_MAGIC + struct.pack("<IQQ", walk.version, 0, len(kept)))
+            for first, end in kept:
+                f.write(blob[first:end])
+        return None if tokens is None else int(tokens)
     finally:
         blob.close()
 
@@ -291,7 +331,7 @@ class GGUFFile:
             with locked(saved):
                 if not saved.is_file():
                     try:
-                        parsed = load_gguf_checkpoint(str(self.path), return_tensors=False)["config"]
+                        parsed = self._parsed_config(load_gguf_checkpoint)
                     except (ValueError, KeyError, NotImplementedError) as exc:
                         raise SpecdecError(f"cannot read the model's settings from {self.path.name}: {exc}") from None
                     model_type = parsed.pop("model_type")
@@ -302,6 +342,34 @@ class GGUFFile:
                     config = AutoConfig.for_model(model_type, **parsed)
                     self._save(lambda d: config.save_pretrained(d), "config.json")
         return AutoConfig.from_pretrained(str(self.index_dir), local_files_only=True)
+
+    def _parsed_config(self, load_gguf_checkpoint) -> dict:
+        """transformers' config keys of the file, read from a copy of its metadata without the tokenizer's
+        arrays (Gemma-3's 262 k tokens: 10 s in gguf's reader for the whole file); what transformers takes from
+        the arrays and the tensors (the vocabulary's size where the architecture's keys omit it, whether the
+        output matrix is the embedding's) set as it sets them. The whole file where the walk fails."""
+        self.index_dir.mkdir(parents=True, exist_ok=True)
+        handle, settings = tempfile.mkstemp(prefix=".settings-", suffix=".gguf", dir=self.index_dir)
+        os.close(handle)
+        try:
+            try:
+                tokens = _settings_only(self.path, Path(settings))
+            except Exception:  # what the walk does not know: gguf's reader on the whole file
+                return load_gguf_checkpoint(str(self.path), return_tensors=False)["config"]
+            from transformers.utils import logging as transformers_logging
+
+            level = transformers_logging.get_verbosity()
+            transformers_logging.set_verbosity_error()  # its warning of a vocabulary size not found: set below
+            try:
+                parsed = load_gguf_checkpoint(settings, return_tensors=False)["config"]
+            finally:
+                transformers_logging.set_verbosity(level)
+        finally:
+            Path(settings).unlink(missing_ok=True)
+        parsed["tie_word_embeddings"] = "output.weight" not in self.tensors
+        if "vocab_size" not in parsed and tokens is not None:
+            parsed["vocab_size"] = tokens
+        return parsed
 
     def tokenizer(self):
         """The file's tokenizer and chat template, as transformers builds them from the metadata (cached: by the

@@ -120,6 +120,24 @@ def test_the_index_is_cached_and_the_second_load_parses_nothing(files, monkeypat
     assert again.model.config.to_dict() == first.model.config.to_dict()
 
 
+def test_the_config_read_without_the_vocabulary_is_transformers_config_of_the_whole_file(files, tmp_path):
+    """transformers reads a file's settings with gguf's reader, which takes seconds over a real vocabulary
+    (Gemma-3's: 10 s); the index gives it a copy of the metadata without the tokenizer's arrays, and the keys
+    transformers took from those arrays and from the tensors (vocab_size, tie_word_embeddings) come out the
+    same."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from specdec.gguf_file import GGUFFile, _settings_only
+    from specdec.models import _smollm2_gguf
+
+    for path in [files["llama", "Q8_0"], files["qwen2", "Q6_K"], files["qwen3", "Q4_K"], _smollm2_gguf()]:
+        whole = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+        assert GGUFFile.open(path)._parsed_config(load_gguf_checkpoint) == whole, path
+    settings = tmp_path / "settings.gguf"
+    assert _settings_only(_smollm2_gguf(), settings) == 49152
+    assert settings.stat().st_size < 16_000  # SmolLM2's 49 k tokens and 48 k merges left out
+
+
 def test_bad_files_are_clear_errors(tmp_path, files):
     from specdec.models import load_model
 
