@@ -138,6 +138,38 @@ def test_the_config_read_without_the_vocabulary_is_transformers_config_of_the_wh
     assert settings.stat().st_size < 16_000  # SmolLM2's 49 k tokens and 48 k merges left out
 
 
+def test_the_tokenizer_is_built_without_reading_the_whole_file_with_ggufs_reader(files, monkeypatch):
+    """AutoTokenizer reads a GGUF file's config with gguf's reader to learn its model type (Gemma-3: 18 of 22 s);
+    the index hands it the config read without the vocabulary, and the tokenizer is the one built without."""
+    import contextlib
+    import shutil
+
+    import gguf
+
+    from specdec.gguf_file import GGUFFile
+
+    path = files["qwen2", "Q8_0"]
+    made = GGUFFile.open(path)
+    made.tokenizer_key = None  # built beside the index, not found by another file's identical vocabulary
+    with monkeypatch.context() as patch:
+        patch.setattr(GGUFFile, "_config_read_fast", lambda self: contextlib.nullcontext())
+        reference = made.tokenizer()
+    shutil.rmtree(made.index_dir / "tokenizer")
+    opened = []
+
+    class Reader(gguf.GGUFReader):
+        def __init__(self, p, *args, **kwargs):
+            opened.append(Path(p).name)
+            super().__init__(p, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Reader)
+    tokenizer = made.tokenizer()
+    assert path.name not in opened and opened  # the settings copy only
+    text = "def f(x):\n    return x ** 2  # hello"
+    assert tokenizer.get_vocab() == reference.get_vocab() and tokenizer(text).input_ids == reference(text).input_ids
+    assert tokenizer.chat_template == reference.chat_template and type(tokenizer) is type(reference)
+
+
 def test_bad_files_are_clear_errors(tmp_path, files):
     from specdec.models import load_model
 
