@@ -7,8 +7,9 @@ checked against its modification time, so a second load parses no metadata; the 
 its own content (gguf-tokenizers/), so another file with the same vocabulary (another quantisation of the
 same model) does not build it again. The index is read by `_read_header`, which walks the metadata and the
 tensor table without decoding the vocabulary (gguf's reader builds an object a token: seconds on a real
-vocabulary), and falls back to gguf's reader for what it does not know. The blocks are memory-mapped from
-the file itself, never copied to disk.
+vocabulary), and falls back to gguf's reader for what it does not know; transformers reads the config from
+a copy of the metadata without the vocabulary, for the same reason. The blocks are memory-mapped from the
+file itself, never copied to disk.
 
 `load_gguf_model` builds the transformers model on the meta device and fills only its small tensors (norms,
 biases) from the file: the linear layers, the embedding and the LM head stay the file's blocks, which the lean
@@ -23,6 +24,7 @@ import json
 import mmap
 import os
 import shutil
+import struct
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,8 +84,6 @@ class _Walk:
     range; raises (struct.error, KeyError, ValueError, ...) on what it does not know."""
 
     def __init__(self, blob):
-        import struct
-
         from gguf import GGUFReader
 
         self.blob, self.unpack = blob, struct.unpack_from
@@ -169,8 +169,6 @@ def _settings_only(path: Path, out: Path) -> int | None:
         kept = [(first, end) for key, kind, first, _, end in walk.pairs if not (key.startswith("tokenizer.") and kind == 9)]
         tokens = next((walk.unpack("<Q", blob, at + 4)[0] for key, kind, _, at, _ in walk.pairs
                        if key == "tokenizer.ggml.tokens" and kind == 9), None)
-        import struct
-
         with open(out, "wb") as f:
             f.write(_MAGIC + struct.pack("<IQQ", walk.version, 0, len(kept)))
             for first, end in kept:
