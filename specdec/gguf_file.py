@@ -126,15 +126,24 @@ class _Walk:
         return self.string(at)[0] if kind == 8 else np.frombuffer(self.blob, self.scalars[kind], 1, at)[0]
 
 
+@contextmanager
+def _walked(path: Path):
+    """The file memory-mapped and its metadata walked (_Walk), unmapped after."""
+    with open(path, "rb") as f:
+        blob = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        yield _Walk(blob)
+    finally:
+        blob.close()
+
+
 def _read_header(path: Path) -> _Header:
     """The architecture and tensor table of a GGUF v2/v3 file, its metadata values skipped unread but the few
     it needs; raises (struct.error, KeyError, ValueError, ...) on what it does not know, for gguf's reader to say."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    with open(path, "rb") as f:
-        blob = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    try:
-        walk = _Walk(blob)
+    with _walked(path) as walk:
+        blob = walk.blob
         values, tokenizer = {}, hashlib.sha256()
         for key, kind, _, at, end in walk.pairs:
             if key in ("general.architecture", "general.alignment"):
@@ -154,18 +163,14 @@ def _read_header(path: Path) -> _Header:
         start = (pos + alignment - 1) // alignment * alignment
         tensors = {name: TensorEntry(kind, shape, start + offset, nbytes) for name, kind, shape, offset, nbytes in table}
         return _Header(values["general.architecture"], tensors, tokenizer.hexdigest()[:16])
-    finally:
-        blob.close()
 
 
 def _settings_only(path: Path, out: Path) -> int | None:
     """Write to `out` a GGUF file of `path`'s metadata without its tokenizer arrays (vocabulary, scores,
     merges: what makes gguf's reader take seconds) and without tensors, for transformers to read the config
     from; returns the vocabulary's size (None: the file lists no tokens)."""
-    with open(path, "rb") as f:
-        blob = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    try:
-        walk = _Walk(blob)
+    with _walked(path) as walk:
+        blob = walk.blob
         kept = [(first, end) for key, kind, first, _, end in walk.pairs if not (key.startswith("tokenizer.") and kind == 9)]
         tokens = next((walk.unpack("<Q", blob, at + 4)[0] for key, kind, _, at, _ in walk.pairs
                        if key == "tokenizer.ggml.tokens" and kind == 9), None)
@@ -174,8 +179,6 @@ def _settings_only(path: Path, out: Path) -> int | None:
             for first, end in kept:
                 f.write(blob[first:end])
         return None if tokens is None else int(tokens)
-    finally:
-        blob.close()
 
 
 def _read_header_with_gguf(path: Path) -> _Header:
